@@ -1,0 +1,193 @@
+"""Typed handoffs between the RL stages, and the Protocol each role group implements.
+
+    PromptBatch --rollout--> Trajectories --reward--> Rewards
+         Trajectories --reference--> RefLogProbs          (only when kl_coef > 0)
+         Rewards --grpo.group_advantages--> Advantages
+         Trajectories + Advantages (+ RefLogProbs) --> TrainBatch --policy--> UpdateStats
+         policy --WeightsHandle--> rollout workers --WeightReport--> controller (version + checksum check)
+
+Every record is frozen and carries the policy version that produced it, so a stale batch or a stale
+worker is detectable where it is consumed. Lists are row-aligned: index i of every per-sample list refers
+to the same trajectory. The controller depends only on the Protocols at the bottom, so a test can drive it
+with in-process fakes as well as with real Ray actor groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerId:
+    """Who did the work: reported by every worker so errors and metrics can name it."""
+
+    role: str
+    """"rollout", "reward", "reference" or "policy"."""
+    rank: int
+    world_size: int
+    node: str
+    """Ray node id (or host name in-process)."""
+    pid: int
+
+    def __str__(self) -> str:
+        return f"{self.role}[{self.rank}/{self.world_size}] (pid {self.pid})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptBatch:
+    policy_version: int
+    """Weights version the rollout workers must hold when they generate from this batch."""
+    example_ids: list[int]
+    """(P,) row index of each prompt in the dataset's train split."""
+    prompt_ids: list[list[int]]
+    """(P, prompt_len_i) token ids, chat template already applied (add_generation_prompt=True)."""
+    answers: list[str | None]
+    """(P,) reference answers for the verifier."""
+    tasks: list[str | None]
+    """(P,) verifier name per prompt ("addition", "chain", "exact", ...)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trajectories:
+    policy_version: int
+    """Version of the weights that sampled these tokens."""
+    group_index: list[int]
+    """(B,) index into the PromptBatch: samples of one prompt form one GRPO group, stored consecutively."""
+    prompt_ids: list[list[int]]
+    """(B, prompt_len_i)."""
+    response_ids: list[list[int]]
+    """(B, response_len_i), including the EOS token when the sample finished."""
+    logprobs: list[list[float]]
+    """(B, response_len_i) log-probs under the sampling distribution (raw logits / temperature)."""
+    finished: list[bool]
+    """(B,) True when the sample stopped at EOS (False: hit max_new_tokens)."""
+    texts: list[str]
+    """(B,) decoded responses (special tokens skipped)."""
+    answers: list[str | None]
+    tasks: list[str | None]
+    compute_s: float
+    """Seconds spent generating, as timed inside the workers (max over workers)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rewards:
+    policy_version: int
+    scores: list[float]
+    """(B,) scalar reward per trajectory."""
+    failures: list[str | None]
+    """(B,) None, or why scoring failed (reward function raised / timed out); such a score is 0."""
+    compute_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefLogProbs:
+    policy_version: int
+    values: list[list[float]]
+    """(B, response_len_i) log-probs of the frozen reference model (temperature-scaled like the rollout)."""
+    compute_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advantages:
+    policy_version: int
+    values: list[float]
+    """(B,) one advantage per trajectory, broadcast over its response tokens."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainBatch:
+    policy_version: int
+    """The update must start from exactly this version (checked by the policy workers)."""
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    old_logprobs: list[list[float]]
+    """(B, response_len_i) behaviour log-probs (from the rollout) for the importance ratio."""
+    ref_logprobs: list[list[float]] | None
+    """(B, response_len_i) reference log-probs, or None when kl_coef == 0."""
+    advantages: list[float]
+    """(B,)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateStats:
+    policy_version: int
+    """Version of the weights AFTER this update."""
+    loss: float
+    pg_loss: float
+    kl: float
+    entropy: float
+    clip_fraction: float
+    grad_norm: float
+    weights_checksum: str
+    """Checksum of the updated weights (identical on every policy rank, checked by the group)."""
+    compute_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightsHandle:
+    """What the policy hands to weight sync: a version, a checksum and where the tensors are."""
+
+    version: int
+    checksum: str
+    """posttrain.rl.weight_sync.weights_checksum of the state dict."""
+    payload: Any
+    """A ray.ObjectRef to a dict[str, Tensor] (real actors), or the dict itself (in-process groups)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightReport:
+    """A rollout worker's statement of what it holds after a weight sync."""
+
+    worker: WorkerId
+    version: int
+    checksum: str
+    """Computed from the weights the worker actually holds, not copied from the handle."""
+
+
+# --------------------------------------------------------------------------------------------- groups
+
+
+class RolloutGroup(Protocol):
+    def identities(self) -> list[WorkerId]: ...
+
+    def generate(self, prompts: PromptBatch, *, n: int, temperature: float, max_new_tokens: int,
+                 seed: int) -> Trajectories: ...
+
+    def load_weights(self, weights: WeightsHandle) -> list[WeightReport]: ...
+
+
+class RewardGroup(Protocol):
+    def identities(self) -> list[WorkerId]: ...
+
+    def score(self, trajectories: Trajectories) -> Rewards: ...
+
+
+class ReferenceGroup(Protocol):
+    def identities(self) -> list[WorkerId]: ...
+
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> RefLogProbs: ...
+
+
+class PolicyGroup(Protocol):
+    def identities(self) -> list[WorkerId]: ...
+
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> list[list[float]]:
+        """Teacher-forced log-probs of the current policy for the same tokens (drift check)."""
+        ...
+
+    def update(self, batch: TrainBatch) -> UpdateStats: ...
+
+    def weights(self) -> WeightsHandle: ...
+
+    def save(self, out_dir: str) -> None:
+        """Rank 0 writes an HF checkpoint (safetensors + tokenizer) of the current weights."""
+        ...
+
+    def save_state(self, state_dir: str) -> None:
+        """Every rank writes what it needs to resume (optimizer, RNG, version) - atomically."""
+        ...
+
+    def load_state(self, state_dir: str) -> int:
+        """Restore from save_state; returns the restored policy version."""
+        ...
