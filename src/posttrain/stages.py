@@ -1,0 +1,156 @@
+"""Pipeline stages with artifact bookkeeping: resolve input handles, skip work on a cache hit, run the
+library function, store the output with its manifest, return a handle.
+
+The Flyte tasks in `tasks/` are one-line wrappers around these functions, so every stage can also be run
+and tested without Flyte. A stage's cache key is made of its config part, the content ids (or source
+bytes) of its inputs, and a digest of the library source that implements it - so an edited source file or
+a changed setting is noticed, while an RL setting never invalidates data prep or SFT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from posttrain.artifacts import ArtifactRef, ArtifactStore
+from posttrain.config import DataConfig, EvalConfig, ModelConfig, SFTConfig, TrackingConfig, to_dict
+
+_SRC = Path(__file__).resolve().parent
+
+
+def source_digest(*relpaths: str) -> str:
+    """sha256 of the library source files (or folders) that implement a stage: its code version."""
+    h = hashlib.sha256()
+    for rel in relpaths:
+        p = _SRC / rel
+        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        for f in files:
+            h.update(str(f.relative_to(_SRC)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataOutputs:
+    dataset: ArtifactRef
+    tokenizer: ArtifactRef | None
+
+
+def data_prep(cfg: DataConfig, *, run_id: str, store: ArtifactStore | None = None) -> DataOutputs:
+    """Build (or find in the cache) the dataset artifact and, for from-scratch models, the tokenizer."""
+    from posttrain.data.prepare import prepare_dataset, source_fingerprint
+    from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
+
+    store = store or ArtifactStore()
+    key = store.cache_key("data_prep", to_dict(cfg), source_fingerprint(cfg),
+                          source_digest("data", "models/tokenizer.py"))
+    ds_ref = store.cache_get(key + "-dataset")
+    tok_ref = store.cache_get(key + "-tokenizer") if cfg.tokenizer.train else None
+    if ds_ref is not None and (tok_ref is not None or not cfg.tokenizer.train):
+        print(f"data_prep: cache hit -> dataset {ds_ref.short}")
+        return DataOutputs(dataset=ds_ref, tokenizer=tok_ref)
+
+    name = cfg.task or Path(cfg.files[0]).stem
+    with tempfile.TemporaryDirectory(prefix="posttrain-data-") as tmp:
+        ds_dir = Path(tmp) / "dataset"
+        info = prepare_dataset(cfg, ds_dir)
+        ds_ref = store.put("dataset", name, ds_dir, run_id=run_id, parents=[], config=to_dict(cfg),
+                           metrics={"num_train": info.num_train, "num_eval": info.num_eval})
+        store.cache_put(key + "-dataset", ds_ref)
+        if cfg.tokenizer.train:
+            tok_dir = Path(tmp) / "tokenizer"
+            train_tokenizer(tokenizer_training_texts(ds_dir), cfg.tokenizer.vocab_size, tok_dir)
+            tok_ref = store.put("tokenizer", f"{name}-bpe{cfg.tokenizer.vocab_size}", tok_dir, run_id=run_id,
+                                parents=[ds_ref.id], config=to_dict(cfg.tokenizer))
+            store.cache_put(key + "-tokenizer", tok_ref)
+    print(f"data_prep: dataset {ds_ref.short} ({info.num_train} train / {info.num_eval} eval)"
+          + (f", tokenizer {tok_ref.short}" if tok_ref else ""))
+    return DataOutputs(dataset=ds_ref, tokenizer=tok_ref)
+
+
+def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, dataset: ArtifactRef,
+                  tokenizer: ArtifactRef | None) -> str:
+    return store.cache_key("sft", to_dict(model), to_dict(sft), dataset.id, tokenizer.id if tokenizer else None,
+                           source_digest("sft", "models", "data/chat.py"))
+
+
+def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dataset: ArtifactRef,
+        tokenizer: ArtifactRef | None, run_id: str, store: ArtifactStore | None = None) -> ArtifactRef | None:
+    """Run on every rank of the SPMD group. Rank 0 stores the checkpoint and returns its handle."""
+    from posttrain.sft import run_sft
+
+    store = store or ArtifactStore()
+    rank = int(os.environ.get("RANK", "0"))
+    key = sft_cache_key(store, model, sft_cfg, dataset, tokenizer)
+    hit = store.cache_get(key)
+    if hit is not None:  # every rank sees the same hit, so no rank waits on a collective
+        if rank == 0:
+            print(f"sft: cache hit -> model {hit.short}")
+        return hit if rank == 0 else None
+
+    ds_dir = store.get(dataset)
+    tok_dir = store.get(tokenizer) if tokenizer else None
+    base_dir = Path(model.base_path) if model.base_path else None
+    state_dir = _local_state_dir(store, "sft", key)  # stable across retries: a killed run resumes here
+    with tempfile.TemporaryDirectory(prefix="posttrain-sft-") as tmp:
+        out_dir = Path(tmp) / "model"
+        metrics = run_sft(model_cfg=model, sft_cfg=sft_cfg, tracking_cfg=tracking, dataset_dir=ds_dir,
+                          tokenizer_dir=tok_dir, base_model_dir=base_dir, out_dir=out_dir,
+                          state_dir=state_dir, run_name=f"sft-{run_id}")
+        if rank != 0:
+            return None
+        parents = [dataset.id] + ([tokenizer.id] if tokenizer else [])
+        ref = store.put("model", f"sft-{dataset.name}", out_dir, run_id=run_id, parents=parents,
+                        config={"model": to_dict(model), "sft": to_dict(sft_cfg)}, metrics=metrics,
+                        extra={"base_model": str(base_dir) if base_dir else None, "stage": "sft"},
+                        world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    store.cache_put(key, ref)
+    print(f"sft: model {ref.short} (final loss {metrics.get('loss', float('nan')):.4f})")
+    return ref
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalOutputs:
+    report: ArtifactRef
+    greedy_accuracy: float
+    sampled_accuracy: float
+    pass_at_k: float
+
+
+def evaluate(cfg: EvalConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,
+             store: ArtifactStore | None = None) -> EvalOutputs:
+    """Score the model on the dataset's held-out split and store an `eval` artifact (parent: the model)."""
+    from posttrain.eval import evaluate as run_eval
+
+    store = store or ArtifactStore()
+    key = store.cache_key("eval", to_dict(cfg), model.id, dataset.id, source_digest("eval", "models/generate.py"))
+    ref = store.cache_get(key)
+    if ref is None:
+        report = run_eval(store.get(model), store.get(dataset), cfg)
+        with tempfile.TemporaryDirectory(prefix="posttrain-eval-") as tmp:
+            report.write(Path(tmp))
+            metrics = {"greedy_accuracy": report.greedy_accuracy, "sampled_accuracy": report.sampled_accuracy,
+                       "pass_at_k": report.pass_at_k, "num_problems": report.num_problems}
+            ref = store.put("eval", f"eval-{model.name}", Path(tmp), run_id=run_id, parents=[model.id, dataset.id],
+                            config={**to_dict(cfg), "dataset_id": dataset.id, "model_id": model.id}, metrics=metrics)
+        store.cache_put(key, ref)
+    m = store.manifest(ref.id).metrics
+    print(f"eval {ref.short} of model {model.short}: greedy {m['greedy_accuracy']:.3f}, "
+          f"sampled {m['sampled_accuracy']:.3f}, pass@k {m['pass_at_k']:.3f} on {m['num_problems']} problems")
+    return EvalOutputs(report=ref, greedy_accuracy=m["greedy_accuracy"], sampled_accuracy=m["sampled_accuracy"],
+                       pass_at_k=m["pass_at_k"])
+
+
+def _local_state_dir(store: ArtifactStore, stage: str, key: str) -> Path:
+    """Resumable training state lives beside the store (locally) and is kept apart from artifacts."""
+    root = store.root if "://" not in str(store.root) else os.path.join(tempfile.gettempdir(), "posttrain")
+    path = Path(root) / "state" / stage / key[:24]
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def clear_state(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

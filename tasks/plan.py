@@ -1,0 +1,39 @@
+"""The `plan` task: turn a recipe name + JSON overrides into the validated config parts of one run.
+
+Every invalid value is rejected here, before any stage starts, and each later task receives only its own
+part (plus the run id), so an RL change never invalidates the data-prep or SFT caches.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from flytekit import task
+
+from images.specs import cpu_image
+from posttrain.config import (
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    PlacementConfig,
+    RLConfig,
+    SFTConfig,
+    TrackingConfig,
+)
+from tasks import settings
+
+Plan = NamedTuple("Plan", [("run_id", str), ("data", DataConfig), ("model", ModelConfig), ("sft", SFTConfig),
+                           ("eval", EvalConfig), ("rl", RLConfig), ("placement", PlacementConfig),
+                           ("tracking", TrackingConfig)])
+
+
+@task(container_image=cpu_image)
+def plan(recipe: str, overrides: str, run_id: str) -> Plan:
+    from posttrain.recipes import resolve
+    from posttrain.runtime import new_run_id
+
+    cfg = resolve(recipe, overrides)
+    settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers)
+    rid = run_id or new_run_id()
+    print(f"plan: run {rid}, recipe {cfg.name}")
+    return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.placement, cfg.tracking)

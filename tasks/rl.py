@@ -1,0 +1,40 @@
+"""RL as a Ray-plugin task: the body starts ONE controller actor on the Ray cluster and waits for it.
+
+flytekitplugins-ray's `pre_execute` connects to Ray (`ray.init`): in local execution a single-node Ray in
+this process (worker groups ignored, actors sized to the node's CPUs by posttrain.rl.placement); on a
+cluster a KubeRay RayJob with a head and two worker groups named after roles - `rollout` (generation) and
+`train` (the SPMD policy group; reference and reward share it). Their replica counts are fixed when the task
+is defined (tasks/settings.py) and `plan` checks them against `placement.*_workers`.
+"""
+
+from __future__ import annotations
+
+from flytekit import Resources, task
+from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
+
+from images.specs import cpu_image
+from posttrain.artifacts import ArtifactRef
+from posttrain.config import PlacementConfig, RLConfig, TrackingConfig
+from tasks import settings
+
+ray_config = RayJobConfig(
+    head_node_config=HeadNodeConfig(ray_start_params={"num-cpus": "1"},
+                                    requests=Resources(cpu="1", mem="2Gi")),
+    worker_node_config=[
+        WorkerNodeConfig(group_name="rollout", replicas=settings.RAY_ROLLOUT_REPLICAS,
+                         requests=Resources(cpu="2", mem="4Gi")),
+        WorkerNodeConfig(group_name="train", replicas=settings.RAY_TRAIN_REPLICAS,
+                         requests=Resources(cpu="2", mem="4Gi")),
+    ],
+    shutdown_after_job_finishes=True,
+    ttl_seconds_after_finished=600,
+)
+
+
+@task(container_image=cpu_image, task_config=ray_config, requests=Resources(cpu="1", mem="2Gi"))
+def rl(rl: RLConfig, placement: PlacementConfig, max_seq_len: int, tracking: TrackingConfig,
+       start_model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> ArtifactRef:
+    from posttrain import stages
+
+    return stages.rl(rl, placement, tracking, max_seq_len=max_seq_len, start_model=start_model, dataset=dataset,
+                     run_id=run_id)

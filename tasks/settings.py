@@ -1,0 +1,37 @@
+"""Settings that flytekit fixes when a task is DEFINED (at import), not when it runs.
+
+Elastic's process count and the Ray worker groups are part of the task's definition: on a cluster they
+decide how many pods/processes start. They are read from the environment at import time, so a user changes
+them with e.g. `POSTTRAIN_SFT_NPROC=4 pyflyte run ...` (or `pyflyte register` for a cluster), and the
+`plan` task checks that the runtime config agrees (`sft.nproc`, `placement.*_workers`), failing before any
+work starts if it does not.
+"""
+
+from __future__ import annotations
+
+import os
+
+SFT_NNODES = int(os.environ.get("POSTTRAIN_SFT_NNODES", "1"))
+"""Elastic nnodes: 1 runs N local processes (a plain pod on a cluster); >1 needs the training operator."""
+SFT_NPROC = int(os.environ.get("POSTTRAIN_SFT_NPROC", "2"))
+"""Elastic nproc_per_node: must equal the config's `sft.nproc`."""
+RAY_TRAIN_REPLICAS = int(os.environ.get("POSTTRAIN_RAY_TRAIN_REPLICAS", "2"))
+"""Replicas of the Ray `train` worker group (one per policy rank): must equal `placement.policy_workers`."""
+RAY_ROLLOUT_REPLICAS = int(os.environ.get("POSTTRAIN_RAY_ROLLOUT_REPLICAS", "1"))
+"""Replicas of the Ray `rollout` worker group: must equal `placement.rollout_workers`."""
+
+
+def check_against(sft_nproc: int, policy_workers: int, rollout_workers: int) -> None:
+    """Raise a ConfigError naming the field when the runtime config disagrees with the task definitions."""
+    from posttrain.config import ConfigError
+
+    if sft_nproc != SFT_NPROC:
+        raise ConfigError(f"sft.nproc: is {sft_nproc} but the SFT task was defined with nproc_per_node="
+                          f"{SFT_NPROC}; set POSTTRAIN_SFT_NPROC={sft_nproc} (or change sft.nproc)")
+    if policy_workers != RAY_TRAIN_REPLICAS:
+        raise ConfigError(f"placement.policy_workers: is {policy_workers} but the RL task's `train` worker group "
+                          f"has {RAY_TRAIN_REPLICAS} replicas; set POSTTRAIN_RAY_TRAIN_REPLICAS={policy_workers}")
+    if rollout_workers != RAY_ROLLOUT_REPLICAS:
+        raise ConfigError(f"placement.rollout_workers: is {rollout_workers} but the RL task's `rollout` worker "
+                          f"group has {RAY_ROLLOUT_REPLICAS} replicas; set "
+                          f"POSTTRAIN_RAY_ROLLOUT_REPLICAS={rollout_workers}")

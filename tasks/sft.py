@@ -1,0 +1,33 @@
+"""SFT as an SPMD task: flytekitplugins-kfpytorch `Elastic` starts N processes that run the same step.
+
+Locally (`pyflyte run` without --remote) `nnodes=1, nproc_per_node=N` forks N real processes with a gloo
+process group; on a cluster nnodes=1 is a plain pod and nnodes>1 a PyTorchJob of the training operator.
+N is fixed when the task is defined (tasks/settings.py: POSTTRAIN_SFT_NPROC, default 2) and must equal
+`sft.nproc` (checked by `plan` and again by the trainer against WORLD_SIZE). `start_method="fork"`: spawn
+cannot import a workflow module that is not installed (../shared/FACTS.md).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from flytekit import Resources, task
+from flytekitplugins.kfpytorch import Elastic
+
+from images.specs import cpu_image
+from posttrain.artifacts import ArtifactRef
+from posttrain.config import ModelConfig, SFTConfig, TrackingConfig
+from tasks import settings
+
+
+@task(
+    container_image=cpu_image,
+    task_config=Elastic(nnodes=settings.SFT_NNODES, nproc_per_node=settings.SFT_NPROC, start_method="fork",
+                        monitor_interval=1, increase_shared_mem=False),
+    requests=Resources(cpu="2", mem="8Gi"),
+)
+def sft(model: ModelConfig, sft: SFTConfig, tracking: TrackingConfig, dataset: ArtifactRef,
+        tokenizer: Optional[ArtifactRef], run_id: str) -> ArtifactRef:
+    from posttrain import stages
+
+    return stages.sft(model, sft, tracking, dataset=dataset, tokenizer=tokenizer, run_id=run_id)

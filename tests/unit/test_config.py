@@ -1,0 +1,111 @@
+"""Config: validation names the field, overrides merge, recipes are valid, and flytekit's type engine
+passes the frozen dataclasses (enums, optionals, nested parts) both ways unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from posttrain.artifacts.handles import ArtifactRef
+from posttrain.config import (
+    Algorithm,
+    ConfigError,
+    DataConfig,
+    LossAgg,
+    PipelineConfig,
+    PlacementMode,
+    RLConfig,
+    apply_overrides,
+    from_dict,
+    to_dict,
+    validate,
+)
+from posttrain.recipes import RECIPES, resolve
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_is_valid(name):
+    cfg = resolve(name)
+    assert cfg.name == name
+
+
+def test_overrides_change_one_field_and_keep_the_rest():
+    base = resolve("tiny_cpu")
+    cfg = resolve("tiny_cpu", '{"sft": {"steps": 70}, "placement": {"mode": "split"}}')
+    assert cfg.sft.steps == 70 and cfg.placement.mode is PlacementMode.SPLIT
+    assert cfg.sft.lr == base.sft.lr and cfg.data == base.data
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ('{"sft": {"steps": 0}}', "sft.steps"),
+    ('{"sft": {"global_batch_size": 63}}', "sft.global_batch_size"),
+    ('{"sft": {"lr": "fast"}}', "sft.lr"),
+    ('{"rl": {"kl_estimator": "k9"}}', "rl.kl_estimator"),
+    ('{"rl": {"samples_per_prompt": 1}}', "rl.samples_per_prompt"),
+    ('{"rl": {"algorithm": "ppo"}}', "rl.algorithm"),
+    ('{"rl": {"reward_fn": "not a path"}}', "rl.reward_fn"),
+    ('{"model": {"num_heads": 3}}', "model.num_heads"),
+    ('{"data": {"task": "sorting"}}', "data.task"),
+    ('{"data": {"task": "", "files": []}}', "data.files"),
+    ('{"data": {"tokenizer": {"train": false}}}', "data.tokenizer.train"),
+    ('{"tracking": {"wandb_mode": "loud"}}', "tracking.wandb_mode"),
+    ('{"sft": {"stepz": 3}}', "sft"),
+    ('{"sft": ', "overrides"),
+])
+def test_invalid_values_name_the_field(overrides, field):
+    with pytest.raises(ConfigError) as e:
+        resolve("tiny_cpu", overrides)
+    assert str(e.value).startswith(field), str(e.value)
+
+
+def test_unknown_recipe_lists_the_allowed_ones():
+    with pytest.raises(ConfigError, match="tiny_cpu"):
+        resolve("huge")
+
+
+def test_dict_round_trip_preserves_enums_and_lists():
+    cfg = validate(apply_overrides(PipelineConfig(), {"rl": {"loss_agg": "seq_mean"}}))
+    again = from_dict(PipelineConfig, to_dict(cfg))
+    assert again == cfg and again.rl.loss_agg is LossAgg.SEQ_MEAN
+
+
+def test_configs_are_frozen():
+    cfg = PipelineConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.sft.steps = 3  # type: ignore[misc]
+
+
+def _roundtrip(value, tp):
+    from flytekit.core.context_manager import FlyteContextManager
+    from flytekit.core.type_engine import TypeEngine
+
+    ctx = FlyteContextManager.current_context()
+    lt = TypeEngine.to_literal_type(tp)
+    lit = TypeEngine.to_literal(ctx, value, tp, lt)
+    return TypeEngine.to_python_value(ctx, lit, tp)
+
+
+@pytest.mark.parametrize("part", [f.name for f in dataclasses.fields(PipelineConfig) if f.name != "name"])
+def test_type_engine_round_trip_of_every_part(part):
+    cfg = resolve("tiny_cpu", '{"rl": {"algorithm": "grpo", "loss_agg": "seq_mean"}, "placement": {"mode": "split"}}')
+    value = getattr(cfg, part)
+    back = _roundtrip(value, type(value))
+    assert back == value and type(back) is type(value)
+    for f in dataclasses.fields(value):  # enums come back as enums, not strings
+        assert type(getattr(back, f.name)) is type(getattr(value, f.name))
+
+
+def test_type_engine_round_trip_of_whole_pipeline_and_optional_handle():
+    cfg = resolve("tiny_chain", '{"data": {"files": [], "task": "chain"}}')
+    assert _roundtrip(cfg, PipelineConfig) == cfg
+    ref = ArtifactRef(kind="dataset", id="ab" * 32, name="x", store="/tmp/s")
+    assert _roundtrip(ref, typing.Optional[ArtifactRef]) == ref
+    assert _roundtrip(None, typing.Optional[ArtifactRef]) is None
+    assert _roundtrip(RLConfig(algorithm=Algorithm.GRPO), RLConfig).algorithm is Algorithm.GRPO
+
+
+def test_file_data_config_round_trips_with_its_list():
+    d = DataConfig(task="", files=["a.jsonl", "b.jsonl"])
+    assert _roundtrip(d, DataConfig).files == ["a.jsonl", "b.jsonl"]
