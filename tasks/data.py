@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 from flytekit import Resources, task
 
 from images.specs import cpu_image
-from posttrain.artifacts import ArtifactRef
+from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import DataConfig
 
 DataOut = NamedTuple("DataOut", [("dataset", ArtifactRef), ("tokenizer", Optional[ArtifactRef])])

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from flytekit import Resources, task
 
 from images.specs import cpu_image
-from posttrain.artifacts import ArtifactRef
+from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import EvalConfig
 
 EvalOut = NamedTuple("EvalOut", [("report", ArtifactRef), ("greedy_accuracy", float),

@@ -13,7 +13,7 @@ from flytekit import Resources, task
 from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
 
 from images.specs import cpu_image
-from posttrain.artifacts import ArtifactRef
+from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import PlacementConfig, RLConfig, TrackingConfig
 from tasks import settings
 

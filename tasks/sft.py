@@ -15,7 +15,7 @@ from flytekit import Resources, task
 from flytekitplugins.kfpytorch import Elastic
 
 from images.specs import cpu_image
-from posttrain.artifacts import ArtifactRef
+from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import ModelConfig, SFTConfig, TrackingConfig
 from tasks import settings
 

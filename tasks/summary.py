@@ -8,7 +8,7 @@ from typing import Optional
 from flytekit import task
 
 from images.specs import cpu_image
-from posttrain.artifacts import ArtifactRef
+from posttrain.artifacts.handles import ArtifactRef
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from flytekit import workflow
 
-from posttrain.artifacts import ArtifactRef
+from posttrain.artifacts.handles import ArtifactRef
 from tasks.data import data_prep
 from tasks.evaluate import evaluate
 from tasks.plan import plan

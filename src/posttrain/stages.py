@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
-from posttrain.config import DataConfig, EvalConfig, ModelConfig, SFTConfig, TrackingConfig, to_dict
+from posttrain.config import (
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    PlacementConfig,
+    RLConfig,
+    SFTConfig,
+    TrackingConfig,
+    to_dict,
+)
 
 _SRC = Path(__file__).resolve().parent
 
@@ -142,6 +151,35 @@ def evaluate(cfg: EvalConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_i
           f"sampled {m['sampled_accuracy']:.3f}, pass@k {m['pass_at_k']:.3f} on {m['num_problems']} problems")
     return EvalOutputs(report=ref, greedy_accuracy=m["greedy_accuracy"], sampled_accuracy=m["sampled_accuracy"],
                        pass_at_k=m["pass_at_k"])
+
+
+def rl(rl_cfg: RLConfig, placement: PlacementConfig, tracking: TrackingConfig, *, max_seq_len: int,
+       start_model: ArtifactRef, dataset: ArtifactRef, run_id: str,
+       store: ArtifactStore | None = None) -> ArtifactRef:
+    """GRPO from `start_model` on the dataset's train prompts; returns the final RL `model` artifact.
+
+    Must run where Ray is initialised (the Flyte Ray task's pre_execute does it). Training state lives in a
+    folder keyed by the inputs, so a killed task resumes from its last checkpoint when it is re-run.
+    """
+    from posttrain.rl.run import run_rl
+
+    store = store or ArtifactStore()
+    if not rl_cfg.enabled:
+        print("rl: disabled (rl.enabled=false): passing the start model through")
+        return start_model
+    key = store.cache_key("rl", to_dict(rl_cfg), to_dict(placement), max_seq_len, start_model.id, dataset.id,
+                          source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
+    hit = store.cache_get(key)
+    if hit is not None:
+        print(f"rl: cache hit -> model {hit.short}")
+        return hit
+    result = run_rl(rl_cfg=rl_cfg, placement_cfg=placement, max_seq_len=max_seq_len, tracking_cfg=tracking,
+                    start_model_dir=store.get(start_model), dataset_dir=store.get(dataset), store_root=str(store.root),
+                    run_id=run_id, parents=[start_model.id, dataset.id], state_dir=_local_state_dir(store, "rl", key),
+                    start_model_id=start_model.id)
+    store.cache_put(key, result.model)
+    print(f"rl: model {result.model.short} after {result.steps} updates")
+    return result.model
 
 
 def _local_state_dir(store: ArtifactStore, stage: str, key: str) -> Path:
