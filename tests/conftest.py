@@ -28,3 +28,60 @@ def ray_local():
                  runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
+
+
+# --------------------------------------------------------------------------------------------- tiny model
+
+TINY_SFT_STEPS = 250
+"""SFT steps of the shared fixture checkpoint: partly right on 3-digit addition, so RL has room."""
+
+_FIXTURE_SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from posttrain.config import DataConfig, ModelConfig, SFTConfig, TrackingConfig
+from posttrain.data.prepare import prepare_dataset
+from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
+from posttrain.recipes import tiny_cpu
+from posttrain.sft import run_sft
+
+out = Path(sys.argv[1]); steps = int(sys.argv[2])
+base = tiny_cpu()
+data = DataConfig(task="addition", num_examples=12000, num_digits=3, eval_size=500, seed=0)
+prepare_dataset(data, out / "dataset")
+train_tokenizer(tokenizer_training_texts(out / "dataset"), data.tokenizer.vocab_size, out / "tokenizer")
+sft = SFTConfig(**{**{f: getattr(base.sft, f) for f in base.sft.__dataclass_fields__}, "nproc": 1, "steps": steps,
+                   "save_every": 0})
+metrics = run_sft(model_cfg=base.model, sft_cfg=sft, tracking_cfg=TrackingConfig(wandb_mode="disabled"),
+                  dataset_dir=out / "dataset", tokenizer_dir=out / "tokenizer", base_model_dir=None,
+                  out_dir=out / "model", state_dir=out / "state", run_name="fixture")
+(out / "done.json").write_text(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}))
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_sft_model(request):
+    """One tiny addition checkpoint shared by every test that needs a trained model (dataset, tokenizer and
+    HF model folders). Trained once in a subprocess (world size 1) and kept in pytest's cache folder, keyed
+    by the library source, so the three pytest processes of `make test` train it only once."""
+    import hashlib
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "posttrain"
+    h = hashlib.sha256(str(TINY_SFT_STEPS).encode())
+    for f in sorted(src.rglob("*.py")):
+        if f.parts[-2] in ("data", "models", "sft") or f.name in ("config.py", "recipes.py"):
+            h.update(f.read_bytes())
+    root = Path(request.config.cache.mkdir("tiny_sft_model")) / h.hexdigest()[:16]
+    if not (root / "done.json").exists():
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+        env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(29000 + os.getpid() % 1000), "OMP_NUM_THREADS": "2"}
+        proc = subprocess.run([sys.executable, "-c", _FIXTURE_SCRIPT, str(root), str(TINY_SFT_STEPS)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"fixture SFT failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return {"dataset_dir": root / "dataset", "tokenizer_dir": root / "tokenizer", "model_dir": root / "model",
+            "root": root}
