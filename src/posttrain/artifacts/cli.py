@@ -1,0 +1,98 @@
+"""The `posttrain` console command: list artifacts, show lineage, verify files, rebuild the index.
+
+    posttrain [--home ROOT] artifacts list [--kind K] [--run R] [--json]
+    posttrain [--home ROOT] lineage ID [--json]
+    posttrain [--home ROOT] verify ID
+    posttrain [--home ROOT] index rebuild
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+
+from posttrain.artifacts.errors import ArtifactError
+from posttrain.artifacts.store import ArtifactStore, LineageNode
+
+
+def _key_config(m) -> dict:
+    flat = {}
+    for k, v in m.config.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                if isinstance(v2, (int, float, str, bool)) and k2 in _KEYS:
+                    flat[f"{k}.{k2}"] = v2
+        elif isinstance(v, (int, float, str, bool)) and k in _KEYS:
+            flat[k] = v
+    return flat
+
+
+_KEYS = {"task", "num_digits", "num_examples", "vocab_size", "steps", "lr", "hidden_size", "num_layers",
+         "samples_per_prompt", "kl_coef", "num_problems", "k", "temperature", "nproc", "algorithm"}
+
+
+def render_lineage(node: LineageNode, indent: str = "") -> list[str]:
+    m = node.manifest
+    metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in m.metrics.items() if isinstance(v, (int, float)))
+    cfg = ", ".join(f"{k}={v}" for k, v in _key_config(m).items())
+    lines = [f"{indent}{m.kind:<9} {m.id[:12]}  {m.name}  (run {m.run_id}, {m.created})"]
+    if cfg:
+        lines.append(f"{indent}          config: {cfg}")
+    if metrics:
+        lines.append(f"{indent}          metrics: {metrics}")
+    for p in node.parents:
+        lines.extend(render_lineage(p, indent + "    "))
+    return lines
+
+
+def _tree_json(node: LineageNode) -> dict:
+    m = node.manifest
+    return {"kind": m.kind, "id": m.id, "name": m.name, "run_id": m.run_id, "config": m.config,
+            "metrics": m.metrics, "extra": m.extra, "parents": [_tree_json(p) for p in node.parents]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n")[0])
+    ap.add_argument("--home", help="store root (default: $POSTTRAIN_HOME or ~/.posttrain)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    arts = sub.add_parser("artifacts").add_subparsers(dest="sub", required=True)
+    ls = arts.add_parser("list")
+    ls.add_argument("--kind")
+    ls.add_argument("--run")
+    ls.add_argument("--json", action="store_true")
+    lin = sub.add_parser("lineage")
+    lin.add_argument("id")
+    lin.add_argument("--json", action="store_true")
+    ver = sub.add_parser("verify")
+    ver.add_argument("id")
+    idx = sub.add_parser("index").add_subparsers(dest="sub", required=True)
+    idx.add_parser("rebuild")
+    args = ap.parse_args(argv)
+    try:
+        store = ArtifactStore(args.home)
+        if args.cmd == "artifacts":
+            rows = store.list(kind=args.kind, run_id=args.run)
+            if args.json:
+                print(json.dumps([asdict(m) for m in rows], indent=2))
+            else:
+                for m in rows:
+                    print(f"{m.kind:<9} {m.id[:12]}  {m.name:<28} run {m.run_id}  {m.created}")
+        elif args.cmd == "lineage":
+            tree = store.lineage(args.id)
+            print(json.dumps(_tree_json(tree), indent=2) if args.json else "\n".join(render_lineage(tree)))
+        elif args.cmd == "verify":
+            m = store.verify(args.id)
+            print(f"ok: {m.kind} {m.id[:12]} ({m.name}): {len(m.files)} files match their sha256")
+        elif args.cmd == "index":
+            print(f"index rebuilt from manifests: {store.rebuild_index()} artifacts")
+    except ArtifactError as e:
+        print(f"posttrain: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Content-addressed artifact store with atomic writes, verified reads and a rebuildable lineage index.
+
+Layout under the root (a local folder or any fsspec URL):
+
+    objects/<id>/files/...        the artifact's files
+    objects/<id>/manifest.json    written LAST: an object without a manifest does not exist
+    cache/<key>.json              stage cache: input key -> artifact id
+    tmp/                          local writes are staged here and renamed into objects/ (atomic)
+    index.sqlite                  a cache of the manifests (local roots); delete it and it is rebuilt
+
+Reads verify every file's sha256 against the manifest. What this leaves out: garbage collection and
+locking between concurrent writers of *different* content (the same content is idempotent by design).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+
+from posttrain.artifacts import codeversion
+from posttrain.artifacts.errors import ArtifactIntegrityError, ArtifactNotFoundError, StoreConfigError
+from posttrain.artifacts.handles import ArtifactRef
+from posttrain.artifacts.hashing import cache_key as _cache_key
+from posttrain.artifacts.hashing import content_id, sha256_stream
+from posttrain.artifacts.index import LineageIndex
+from posttrain.artifacts.manifest import KINDS, Manifest
+
+
+def default_root() -> str:
+    """POSTTRAIN_HOME, or ~/.posttrain - refused inside a remote Flyte execution, where a local folder
+    would vanish with the pod and break lineage."""
+    home = os.environ.get("POSTTRAIN_HOME")
+    if home:
+        return home
+    execution = os.environ.get("FLYTE_INTERNAL_EXECUTION_ID", "")
+    if execution and execution != "local":
+        raise StoreConfigError(
+            "this is a remote Flyte execution but POSTTRAIN_HOME is not set, so artifacts would be written to "
+            "the pod's local disk (~/.posttrain) and lost; set POSTTRAIN_HOME to an object-store URL such as "
+            "s3://bucket/posttrain (e.g. `pyflyte run --remote --env POSTTRAIN_HOME=s3://...`)")
+    return str(Path.home() / ".posttrain")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LineageNode:
+    manifest: Manifest
+    parents: list["LineageNode"]
+
+
+class ArtifactStore:
+    def __init__(self, root: str | os.PathLike | None = None):
+        root = str(root) if root is not None else default_root()
+        self.fs, self._path = fsspec.core.url_to_fs(root)
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.root = str(Path(self._path).resolve()) if self.local else root
+        if self.local:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+            index_path = Path(self.root) / "index.sqlite"
+        else:
+            tag = hashlib.sha256(root.encode()).hexdigest()[:16]
+            index_path = Path.home() / ".cache" / "posttrain" / f"index-{tag}.sqlite"
+        self.index = LineageIndex(index_path, rebuild=self._all_manifests)
+
+    # ------------------------------------------------------------------------------------- paths
+
+    def _p(self, *parts: str) -> str:
+        return "/".join([self._path.rstrip("/"), *parts])
+
+    def _obj(self, id_: str, *parts: str) -> str:
+        return self._p("objects", id_, *parts)
+
+    # ------------------------------------------------------------------------------------- write
+
+    def put(self, kind: str, name: str, src_dir: str | os.PathLike, *, run_id: str, parents: list[str],
+            config: dict, metrics: dict | None = None, extra: dict | None = None,
+            world_size: int = 1) -> ArtifactRef:
+        """Store the files under `src_dir` as one artifact; returns its handle. Same content -> same id."""
+        if kind not in KINDS:
+            raise ValueError(f"kind: {kind!r} is not one of {KINDS}")
+        src = Path(src_dir)
+        if not src.is_dir():
+            raise FileNotFoundError(f"artifact source folder {src} does not exist")
+        files = {}
+        for f in sorted(p for p in src.rglob("*") if p.is_file()):
+            with open(f, "rb") as fh:
+                files[f.relative_to(src).as_posix()] = {"sha256": sha256_stream(fh), "size": f.stat().st_size}
+        if not files:
+            raise ValueError(f"artifact source folder {src} is empty")
+        for pid in parents:
+            if not self.exists(pid):
+                raise ArtifactNotFoundError(f"parent artifact {pid} is not in the store {self.root}")
+        id_ = content_id((rel, meta["sha256"]) for rel, meta in files.items())
+        ref = ArtifactRef(kind=kind, id=id_, name=name, store=self.root)
+        if self.exists(id_):
+            return ref  # content-addressed: the first manifest stays
+        manifest = Manifest(
+            kind=kind, id=id_, name=name, run_id=run_id, parents=list(parents), config=config,
+            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            code=codeversion.code_version(), environment=codeversion.environment(world_size),
+            metrics=metrics or {}, extra=extra or {}, files=files)
+        if self.local:
+            self._put_local(src, manifest)
+        else:
+            self._put_remote(src, manifest)
+        self.index.add(manifest)
+        return ref
+
+    def _put_local(self, src: Path, manifest: Manifest) -> None:
+        tmp_root = Path(self.root) / "tmp"
+        tmp_root.mkdir(exist_ok=True)
+        self._clean_stale_tmp(tmp_root)
+        stage = Path(tempfile.mkdtemp(prefix=f"{manifest.id[:12]}-{os.getpid()}-", dir=tmp_root))
+        try:
+            shutil.copytree(src, stage / "files")
+            (stage / "manifest.json").write_text(manifest.to_json())
+            for f in stage.rglob("*"):
+                if f.is_file():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+            (Path(self.root) / "objects").mkdir(exist_ok=True)
+            try:
+                os.rename(stage, Path(self.root) / "objects" / manifest.id)  # atomic on one filesystem
+            except OSError:
+                if not self.exists(manifest.id):  # lost a race against the same content: fine
+                    raise
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+    @staticmethod
+    def _clean_stale_tmp(tmp_root: Path) -> None:
+        """Remove staging folders of writers that died (their pid is gone)."""
+        for d in tmp_root.iterdir():
+            try:
+                pid = int(d.name.split("-")[1])
+            except (IndexError, ValueError):
+                continue
+            if pid != os.getpid() and not _pid_alive(pid):
+                shutil.rmtree(d, ignore_errors=True)
+
+    def _put_remote(self, src: Path, manifest: Manifest) -> None:
+        for rel in manifest.files:
+            self.fs.makedirs(os.path.dirname(self._obj(manifest.id, "files", rel)), exist_ok=True)
+            self.fs.put_file(str(src / rel), self._obj(manifest.id, "files", rel))
+        with self.fs.open(self._obj(manifest.id, "manifest.json"), "w") as f:  # last: makes it exist
+            f.write(manifest.to_json())
+
+    # ------------------------------------------------------------------------------------- read
+
+    def exists(self, id_: str) -> bool:
+        return self.fs.exists(self._obj(id_, "manifest.json"))
+
+    def manifest(self, ref_or_id: ArtifactRef | str) -> Manifest:
+        id_ = self.resolve(ref_or_id.id if isinstance(ref_or_id, ArtifactRef) else ref_or_id)
+        with self.fs.open(self._obj(id_, "manifest.json"), "r") as f:
+            return Manifest.from_json(f.read())
+
+    def ref(self, id_or_prefix: str) -> ArtifactRef:
+        m = self.manifest(id_or_prefix)
+        return ArtifactRef(kind=m.kind, id=m.id, name=m.name, store=self.root)
+
+    def get(self, ref_or_id: ArtifactRef | str, verify: bool = True) -> Path:
+        """A local folder holding the artifact's files (downloaded for remote stores), hashes verified."""
+        m = self.manifest(ref_or_id)
+        if self.local:
+            path = Path(self._obj(m.id, "files"))
+        else:
+            path = Path.home() / ".cache" / "posttrain" / "objects" / m.id / "files"
+            if not path.exists():
+                stage = Path(tempfile.mkdtemp(dir=path.parent.parent if path.parent.parent.exists() else None))
+                for rel in m.files:
+                    (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+                    self.fs.get_file(self._obj(m.id, "files", rel), str(stage / rel))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(stage, path)
+        if verify:
+            self._verify_dir(m, path)
+        return path
+
+    def verify(self, ref_or_id: ArtifactRef | str) -> Manifest:
+        """Re-hash every stored file; raises ArtifactIntegrityError naming the first bad file."""
+        m = self.manifest(ref_or_id)
+        for rel, meta in m.files.items():
+            p = self._obj(m.id, "files", rel)
+            if not self.fs.exists(p):
+                raise ArtifactIntegrityError(f"artifact {m.id[:12]} ({m.kind} {m.name}): file {rel} is missing")
+            with self.fs.open(p, "rb") as f:
+                if sha256_stream(f) != meta["sha256"]:
+                    raise ArtifactIntegrityError(
+                        f"artifact {m.id[:12]} ({m.kind} {m.name}): file {rel} does not match its sha256 in the "
+                        f"manifest (expected {meta['sha256'][:16]}...) - it was modified or corrupted")
+        return m
+
+    def _verify_dir(self, m: Manifest, path: Path) -> None:
+        for rel, meta in m.files.items():
+            f = path / rel
+            if not f.is_file():
+                raise ArtifactIntegrityError(f"artifact {m.id[:12]} ({m.kind} {m.name}): file {rel} is missing")
+            with open(f, "rb") as fh:
+                if sha256_stream(fh) != meta["sha256"]:
+                    raise ArtifactIntegrityError(
+                        f"artifact {m.id[:12]} ({m.kind} {m.name}): file {rel} does not match its sha256 in the "
+                        f"manifest - it was modified or corrupted ({f})")
+
+    def resolve(self, id_or_prefix: str) -> str:
+        """The full id for an id or a unique prefix of one."""
+        if len(id_or_prefix) == 64 and self.exists(id_or_prefix):
+            return id_or_prefix
+        matches = [i for i in self._ids() if i.startswith(id_or_prefix)] if id_or_prefix else []
+        if not matches:
+            raise ArtifactNotFoundError(f"no artifact with id {id_or_prefix!r} in the store {self.root}")
+        if len(matches) > 1:
+            raise ArtifactNotFoundError(f"id prefix {id_or_prefix!r} is ambiguous: {[m[:12] for m in matches]}")
+        return matches[0]
+
+    def _ids(self) -> list[str]:
+        base = self._p("objects")
+        if not self.fs.exists(base):
+            return []
+        return sorted(os.path.basename(p.rstrip("/")) for p in self.fs.ls(base, detail=False)
+                      if self.fs.exists(p.rstrip("/") + "/manifest.json"))
+
+    def _all_manifests(self) -> list[Manifest]:
+        return [self.manifest(i) for i in self._ids()]
+
+    # ------------------------------------------------------------------------------------- query
+
+    def list(self, kind: str | None = None, run_id: str | None = None) -> list[Manifest]:
+        return [self.manifest(i) for i in self.index.ids(kind=kind, run_id=run_id) if self.exists(i)]
+
+    def lineage(self, ref_or_id: ArtifactRef | str) -> LineageNode:
+        def node(id_: str, seen: frozenset) -> LineageNode:
+            m = self.manifest(id_)
+            parents = [node(p, seen | {id_}) for p in m.parents if p not in seen]
+            return LineageNode(manifest=m, parents=parents)
+
+        return node(self.manifest(ref_or_id).id, frozenset())
+
+    def rebuild_index(self) -> int:
+        return self.index.rebuild()
+
+    # ------------------------------------------------------------------------------------- cache
+
+    cache_key = staticmethod(_cache_key)
+
+    def cache_get(self, key: str) -> ArtifactRef | None:
+        """The artifact recorded for `key`, or None when absent or no longer intact in the store."""
+        path = self._p("cache", f"{key}.json")
+        if not self.fs.exists(path):
+            return None
+        import json
+
+        with self.fs.open(path, "r") as f:
+            entry = json.load(f)
+        if not self.exists(entry["id"]):
+            return None
+        try:
+            self._check_sizes(self.manifest(entry["id"]))
+        except ArtifactIntegrityError:
+            return None
+        return ArtifactRef(kind=entry["kind"], id=entry["id"], name=entry["name"], store=self.root)
+
+    def _check_sizes(self, m: Manifest) -> None:
+        for rel, meta in m.files.items():
+            p = self._obj(m.id, "files", rel)
+            if not self.fs.exists(p) or self.fs.size(p) != meta["size"]:
+                raise ArtifactIntegrityError(f"artifact {m.id[:12]}: file {rel} is missing or truncated")
+
+    def cache_put(self, key: str, ref: ArtifactRef) -> None:
+        import json
+
+        self.fs.makedirs(self._p("cache"), exist_ok=True)
+        tmp = self._p("cache", f"{key}.json.{uuid.uuid4().hex}")
+        with self.fs.open(tmp, "w") as f:
+            json.dump({"id": ref.id, "kind": ref.kind, "name": ref.name}, f)
+        self.fs.mv(tmp, self._p("cache", f"{key}.json"))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
