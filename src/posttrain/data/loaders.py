@@ -1,0 +1,101 @@
+"""Load user data files into raw rows with their location ("file:line N" / "file:row N").
+
+jsonl is read line by line (exact line numbers; BOM and CRLF tolerated; undecodable bytes and bad JSON
+reported per line). csv and parquet go through HF `datasets` (quoted fields with newlines, extra columns),
+and a `save_to_disk` folder through `datasets.load_from_disk`. HF caches go to a temporary folder, never the
+user's global cache.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from posttrain.config import DataConfig, DataFormat
+from posttrain.data.validation import Problems
+
+_EXT = {".jsonl": DataFormat.JSONL, ".json": DataFormat.JSONL, ".parquet": DataFormat.PARQUET,
+        ".csv": DataFormat.CSV}
+
+
+def detect_format(path: Path, fmt: DataFormat) -> DataFormat:
+    if fmt != DataFormat.AUTO:
+        return fmt
+    if path.is_dir():
+        return DataFormat.SAVED
+    if path.suffix.lower() not in _EXT:
+        raise ValueError(f"{path}: cannot tell the format from the extension {path.suffix!r}; set data.format to "
+                         f"one of {[f.value for f in DataFormat if f != DataFormat.AUTO]}")
+    return _EXT[path.suffix.lower()]
+
+
+def iter_rows(cfg: DataConfig, problems: Problems) -> Iterator[tuple[str, dict]]:
+    """(location, row) for every row of every configured file; unreadable rows are recorded as problems."""
+    if not cfg.files:
+        problems.add("data.files", None, "no data files given")
+        return
+    for name in cfg.files:
+        path = Path(name)
+        if not path.exists():
+            problems.add(str(path), None, "file or folder does not exist")
+            continue
+        fmt = detect_format(path, cfg.format)
+        if fmt == DataFormat.JSONL:
+            yield from _jsonl(path, problems)
+        else:
+            yield from _hf(path, fmt, problems)
+
+
+def _jsonl(path: Path, problems: Problems) -> Iterator[tuple[str, dict]]:
+    raw = path.read_bytes()
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    for i, line in enumerate(raw.split(b"\n"), start=1):
+        where = f"{path}:line {i}"
+        try:
+            text = line.decode("utf-8").rstrip("\r")
+        except UnicodeDecodeError as e:
+            problems.add(where, None, f"undecodable bytes (not UTF-8) at byte {e.start}")
+            continue
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            problems.add(where, None, f"invalid JSON ({e.msg})")
+            continue
+        if not isinstance(row, dict):
+            problems.add(where, None, f"expected a JSON object, got {type(row).__name__}")
+            continue
+        yield where, row
+
+
+def _hf(path: Path, fmt: DataFormat, problems: Problems) -> Iterator[tuple[str, dict]]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    if fmt == DataFormat.CSV:
+        raw = path.read_bytes()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw[: e.start].count(b"\n") + 1
+            problems.add(f"{path}:line {line}", None, f"undecodable bytes (not UTF-8) at byte {e.start}")
+            return
+    with tempfile.TemporaryDirectory(prefix="posttrain-hf-") as cache:
+        try:
+            if fmt == DataFormat.SAVED:
+                ds = datasets.load_from_disk(str(path))
+                if isinstance(ds, datasets.DatasetDict):
+                    ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+            else:
+                builder = {DataFormat.CSV: "csv", DataFormat.PARQUET: "parquet"}[fmt]
+                kw = {"encoding": "utf-8-sig"} if fmt == DataFormat.CSV else {}
+                ds = datasets.load_dataset(builder, data_files=str(path), split="train", cache_dir=cache, **kw)
+        except Exception as e:  # noqa: BLE001 - any parser failure becomes a named problem
+            problems.add(str(path), None, f"cannot be read as {fmt.value}: {type(e).__name__}: {e}")
+            return
+        for i, row in enumerate(ds, start=1):
+            yield f"{path}:row {i}", row

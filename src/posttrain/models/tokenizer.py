@@ -1,0 +1,52 @@
+"""A byte-level BPE tokenizer trained on the data with `tokenizers`, saved in HF format.
+
+Digits are split one per token before BPE (so numbers are never merged into multi-digit tokens); special
+tokens `<|pad|>`, `<|end|>` (eos), `<|system|>`, `<|user|>`, `<|assistant|>`; a chat template that renders
+`<|user|>{content}<|assistant|>{content}<|end|>`. Training is deterministic: the same texts give
+byte-identical files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from posttrain.data.examples import read_examples
+
+SPECIALS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{{ '<|' + m['role'] + '|>' + m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ '<|end|>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def tokenizer_training_texts(dataset_dir: str | Path) -> Iterator[str]:
+    for ex in read_examples(dataset_dir, "train"):
+        for m in ex["messages"]:
+            yield m["content"]
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|end|>",
+                                   additional_special_tokens=SPECIALS[2:], clean_up_tokenization_spaces=False)
+    fast.chat_template = CHAT_TEMPLATE
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out)
+    return fast
