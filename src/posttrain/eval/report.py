@@ -1,0 +1,41 @@
+"""The evaluation report: what was measured, how, and a few samples for a human to read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalReport:
+    greedy_accuracy: float
+    """Fraction of problems whose greedy completion is correct."""
+    sampled_accuracy: float
+    """Mean correctness over k samples per problem at `temperature`."""
+    pass_at_k: float
+    """Fraction of problems with at least one correct sample among the k."""
+    num_problems: int
+    k: int
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    scorer: str
+    """"verifier:<task>" or the user reward function's import path."""
+    mean_response_tokens: float
+    seconds: float
+    generated_tokens_per_s: float
+    samples: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EvalReport":
+        return cls(**json.loads(text))
+
+    def write(self, out_dir: str | Path) -> Path:
+        path = Path(out_dir) / "report.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json() + "\n")
+        return path

@@ -1,0 +1,237 @@
+"""The SPMD SFT trainer: every rank runs the same `train_step` on its own shard.
+
+Loss: the mean over all assistant tokens of the GLOBAL batch. Before a step the ranks all-reduce their
+assistant-token counts; each micro-batch then contributes sum(token losses) / global_count, multiplied by
+world_size because DDP (and FSDP2's reduce-scatter) average gradients across ranks. So 1 rank x 4
+micro-batches and 2 ranks x 2 micro-batches give the same loss and the same update.
+
+Resumable state (every `sft.save_every` steps, atomically): model + optimizer via torch.distributed.checkpoint
+(sharded for FSDP2), the step (which fixes the data cursor and the learning rate), RNG states and the wandb
+run id. Kept in `state_dir`, apart from the model artifact that rank 0 writes to `out_dir` at the end.
+
+Leaves out: tensor/pipeline parallelism, activation checkpointing, dropout (none in the tiny models).
+
+    run_sft(model_cfg=..., sft_cfg=..., tracking_cfg=..., dataset_dir=..., tokenizer_dir=..., base_model_dir=None,
+            out_dir=..., state_dir=..., run_name="sft")   # on every rank, e.g. under torchrun or Elastic
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from posttrain.config import ModelConfig, Parallelism, SFTConfig, TrackingConfig
+from posttrain.data.chat import tokenize_for_training
+from posttrain.data.examples import read_examples
+from posttrain.models.io import load_model, load_tokenizer, save_model
+from posttrain.models.tiny import build_model
+from posttrain.sft.batching import Batch, collate, rank_order, token_losses
+from posttrain.sft.dist import DistInfo, all_reduce_sum, init_distributed
+from posttrain.sft.tracking import Tracker
+
+
+def lr_at(step: int, cfg: SFTConfig) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def wrap(model: torch.nn.Module, cfg: SFTConfig, info: DistInfo) -> torch.nn.Module:
+    model.to(info.device)
+    if cfg.parallelism == Parallelism.FSDP2:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        return fully_shard(model)
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda"
+                                                     else None)
+
+
+def make_optimizer(model: torch.nn.Module, cfg: SFTConfig) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _sync_context(model: torch.nn.Module, cfg: SFTConfig, last: bool):
+    """Gradient all-reduce only on the last micro-batch of a step."""
+    if cfg.parallelism == Parallelism.FSDP2:
+        model.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if last else model.no_sync()
+
+
+def train_step(model, optimizer, micro_batches: list[Batch], *, cfg: SFTConfig, info: DistInfo,
+               lr: float, autocast: bool) -> dict:
+    """One optimizer step over this rank's micro-batches; identical on every rank."""
+    counts = torch.tensor([sum(b.num_loss_tokens for b in micro_batches), sum(b.num_tokens for b in micro_batches)],
+                          dtype=torch.float64, device=info.device)
+    global_loss_tokens, global_tokens = all_reduce_sum(counts).tolist()
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
+    for i, b in enumerate(micro_batches):
+        with _sync_context(model, cfg, last=i == len(micro_batches) - 1):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                logits = model(input_ids=b.input_ids.to(info.device), position_ids=b.position_ids.to(info.device),
+                               attention_mask=b.attention_mask.to(info.device)).logits  # (B, T, V)
+            loss = token_losses(logits, b.labels.to(info.device)).sum() / global_loss_tokens
+            (loss * info.world_size).backward()
+            loss_sum += loss.detach().double()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                               cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss_total = all_reduce_sum(loss_sum).item()
+    gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    return {"loss": loss_total, "grad_norm": float(gn), "lr": lr, "tokens": int(global_tokens),
+            "loss_tokens": int(global_loss_tokens)}
+
+
+class Shards:
+    """This rank's micro-batches for a given step: the cursor is a pure function of the step."""
+
+    def __init__(self, encoded: list[tuple[list[int], list[int]]], cfg: SFTConfig, info: DistInfo, pad_id: int,
+                 pack_length: int):
+        self.encoded, self.cfg, self.info, self.pad_id, self.pack_length = encoded, cfg, info, pad_id, pack_length
+        self.accum = cfg.global_batch_size // (cfg.micro_batch_size * info.world_size)
+        self.per_step = cfg.micro_batch_size * self.accum  # examples per rank per step
+        self.per_epoch = (len(encoded) // info.world_size) // self.per_step
+        if self.per_epoch < 1:
+            raise ValueError(f"sft.global_batch_size={cfg.global_batch_size} is larger than the training set "
+                             f"({len(encoded)} examples)")
+        self._orders: dict[int, list[int]] = {}
+
+    def for_step(self, step: int) -> list[Batch]:
+        epoch, k = divmod(step, self.per_epoch)
+        if epoch not in self._orders:
+            self._orders = {epoch: rank_order(len(self.encoded), epoch, self.cfg.seed, self.info.rank,
+                                              self.info.world_size)}
+        idx = self._orders[epoch][k * self.per_step:(k + 1) * self.per_step]
+        m = self.cfg.micro_batch_size
+        return [collate([self.encoded[i] for i in idx[j:j + m]], pack=self.cfg.packing,
+                        pack_length=self.pack_length, pad_id=self.pad_id) for j in range(0, len(idx), m)]
+
+
+def _check_world(cfg: SFTConfig, info: DistInfo) -> None:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    if local != cfg.nproc:
+        raise ValueError(f"sft.nproc={cfg.nproc} but the launcher started {local} processes per node "
+                         f"(Elastic nproc_per_node / POSTTRAIN_SFT_NPROC); make them agree")
+    if cfg.global_batch_size % (cfg.micro_batch_size * info.world_size):
+        raise ValueError(f"sft.global_batch_size={cfg.global_batch_size} must be a multiple of "
+                         f"sft.micro_batch_size * world_size = {cfg.micro_batch_size * info.world_size}")
+
+
+def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: TrackingConfig, dataset_dir, tokenizer_dir,
+            base_model_dir, out_dir, state_dir, run_name: str = "sft") -> dict:
+    info = init_distributed(sft_cfg.backend)
+    _check_world(sft_cfg, info)
+    torch.manual_seed(sft_cfg.seed)
+    if base_model_dir:
+        tokenizer, model = load_tokenizer(base_model_dir), load_model(base_model_dir)
+    else:
+        tokenizer = load_tokenizer(tokenizer_dir)
+        model = build_model(model_cfg, tokenizer)
+    pack_length = sft_cfg.pack_length or model_cfg.max_seq_len
+    encoded, dropped = [], 0
+    for ex in read_examples(dataset_dir, "train"):
+        if ex["messages"][-1]["role"] != "assistant":
+            continue
+        enc = tokenize_for_training(tokenizer, ex["messages"], min(model_cfg.max_seq_len, pack_length))
+        if enc is None:
+            dropped += 1
+        else:
+            encoded.append(enc)
+    if not encoded:
+        raise ValueError(f"no trainable examples in {dataset_dir}: SFT needs conversations ending with an assistant "
+                         f"turn no longer than model.max_seq_len={model_cfg.max_seq_len} tokens ({dropped} too long)")
+    model = wrap(model, sft_cfg, info)
+    optimizer = make_optimizer(model, sft_cfg)
+    shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
+    state = Path(state_dir)
+    start, wandb_id = load_state(state, model, optimizer)
+    tracker = Tracker(tracking_cfg, info.rank, run_name, state, total=sft_cfg.steps, start=start, wandb_id=wandb_id,
+                      config={"model": model_cfg, "sft": sft_cfg})
+    autocast = info.device.type == "cuda" and model_cfg.dtype.value == "bf16"
+    metrics: dict = {}
+    t_start = time.perf_counter()
+    for step in range(start, sft_cfg.steps):
+        t0 = time.perf_counter()
+        metrics = train_step(model, optimizer, shards.for_step(step), cfg=sft_cfg, info=info,
+                             lr=lr_at(step, sft_cfg), autocast=autocast)
+        metrics["tokens_per_s"] = metrics["tokens"] / (time.perf_counter() - t0)
+        tracker.log(step, metrics)
+        done = step + 1
+        if (sft_cfg.save_every and done % sft_cfg.save_every == 0) or done == sft_cfg.steps:
+            save_state(state, model, optimizer, done, tracker.wandb_id, info)
+    tracker.close()
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if info.rank == 0:
+        final = build_model(model_cfg, tokenizer) if not base_model_dir else load_model(base_model_dir)
+        final.load_state_dict(full, strict=False)
+        if "lm_head.weight" not in full:
+            final.tie_weights()
+        save_model(final, tokenizer, out_dir)
+    dist.barrier()
+    return {**{k: v for k, v in metrics.items()}, "steps": sft_cfg.steps, "world_size": info.world_size,
+            "train_examples": len(encoded), "dropped_too_long": dropped,
+            "wall_s": time.perf_counter() - t_start}
+
+
+def save_state(state: Path, model, optimizer, step: int, wandb_id: str | None, info: DistInfo) -> None:
+    """Atomic: write step-N.tmp on every rank, barrier, rank 0 renames it to step-N and drops older ones."""
+    tmp, final = state / f"step-{step:07d}.tmp", state / f"step-{step:07d}"
+    if info.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
+    torch.save({"cpu_rng": torch.get_rng_state()}, tmp / f"rng-rank{info.rank}.pt")
+    dist.barrier()
+    if info.rank == 0:
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "wandb_id": wandb_id, "world_size": info.world_size}))
+        os.rename(tmp, final)
+        for old in state.glob("step-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def load_state(state: Path, model, optimizer) -> tuple[int, str | None]:
+    """Restore the newest complete state; returns (step to start from, wandb run id)."""
+    state.mkdir(parents=True, exist_ok=True)
+    done = sorted(p for p in state.glob("step-*") if not p.name.endswith(".tmp") and (p / "meta.json").exists())
+    if not done:
+        return 0, None
+    last = done[-1]
+    meta = json.loads((last / "meta.json").read_text())
+    if meta["world_size"] != dist.get_world_size():
+        raise ValueError(f"saved SFT state {last} was written by {meta['world_size']} ranks, not {dist.get_world_size()}")
+    msd, osd = get_state_dict(model, optimizer)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=str(last))
+    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    rng = last / f"rng-rank{dist.get_rank()}.pt"
+    if rng.exists():
+        torch.set_rng_state(torch.load(rng, weights_only=True)["cpu_rng"])
+    return meta["step"], meta.get("wandb_id")
