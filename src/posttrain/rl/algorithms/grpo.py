@@ -1,0 +1,87 @@
+"""GRPO as pure tensor functions: group-normalised advantages, a clipped importance-ratio policy loss with an
+optional KL penalty to a reference model (k1/k2/k3 estimators), and token- or sequence-mean aggregation.
+
+SPMD normalisation: when a batch is split over ranks and micro-batches, pass `normalizer` = the GLOBAL
+number of response tokens (TOKEN_MEAN) or sequences (SEQ_MEAN). Each shard then returns sum / normalizer, so
+the shards' losses - and gradients - add up exactly to the loss of the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.config import KLEstimator, LossAgg
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, *, std_normalize: bool, eps: float = 1e-6) -> torch.Tensor:
+    """(B,) rewards, grouped consecutively (B = groups * group_size) -> (B,) advantages.
+
+    A_i = r_i - mean(group)            and, if std_normalize, divided by (std(group) + eps) with the unbiased
+    (n - 1) std, as in the GRPO paper's implementations. A group whose rewards are all equal gets 0.
+    """
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    r = rewards.float().view(-1, group_size)  # (G, n)
+    adv = r - r.mean(dim=1, keepdim=True)
+    if std_normalize:
+        adv = adv / (r.std(dim=1, keepdim=True, unbiased=True) + eps)
+    return adv.view(-1)
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from samples of pi. With d = logp - ref_logp:
+    k1 = d;  k2 = d^2 / 2;  k3 = exp(-d) - 1 + d  (Schulman: unbiased and never negative)."""
+    d = logp - ref_logp
+    if estimator == KLEstimator.K1:
+        return d
+    if estimator == KLEstimator.K2:
+        return 0.5 * d * d
+    return torch.exp(-d) - 1 + d
+
+
+@dataclass(frozen=True)
+class PolicyLossStats:
+    pg_loss: float
+    kl: float
+    clip_fraction: float
+    ratio_mean: float
+    tokens: int
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                clip_low: float, clip_high: float, loss_agg: LossAgg, ref_logp: torch.Tensor | None = None,
+                kl_coef: float = 0.0, kl_estimator: KLEstimator = KLEstimator.K3,
+                normalizer: float | None = None) -> tuple[torch.Tensor, PolicyLossStats]:
+    """logp, old_logp, mask, ref_logp: (B, T); advantages: (B,). Returns (scalar loss, stats).
+
+    per token:  -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) + kl_coef * KL,   r = exp(logp - old_logp)
+    TOKEN_MEAN: sum over valid tokens / normalizer (default: this batch's token count)
+    SEQ_MEAN:   sum over sequences of (sequence's token mean) / normalizer (default: this batch's sequences)
+    """
+    mask = mask.float()
+    ratio = torch.exp(logp - old_logp)  # (B, T)
+    adv = advantages[:, None].float()  # (B, 1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
+    pg = -torch.minimum(unclipped, clipped)  # (B, T)
+    per_token = pg
+    kl = torch.zeros_like(pg)
+    if ref_logp is not None and kl_coef > 0:
+        kl = kl_penalty(logp, ref_logp, kl_estimator)
+        per_token = pg + kl_coef * kl
+    lengths = mask.sum(1).clamp(min=1)  # (B,)
+    if loss_agg == LossAgg.TOKEN_MEAN:
+        norm = normalizer if normalizer is not None else float(mask.sum().clamp(min=1))
+        loss = (per_token * mask).sum() / norm
+    else:
+        norm = normalizer if normalizer is not None else float(mask.shape[0])
+        loss = ((per_token * mask).sum(1) / lengths).sum() / norm
+    n = float(mask.sum().clamp(min=1))
+    with torch.no_grad():
+        clip_frac = (((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))).float()
+        stats = PolicyLossStats(pg_loss=float((pg * mask).sum() / n), kl=float((kl * mask).sum() / n),
+                                clip_fraction=float((clip_frac * mask).sum() / n),
+                                ratio_mean=float((ratio * mask).sum() / n), tokens=int(mask.sum()))
+    return loss, stats

@@ -1,0 +1,217 @@
+"""The RL controller: one GRPO step, top to bottom, over four role groups it only knows by Protocol.
+
+    PromptSampler ──PromptBatch(v)──► rollout.generate (n per prompt) ──Trajectories(v)──┐
+                                                                                        │
+        ┌─── policy.log_probs(same tokens) vs Trajectories.logprobs ──► drift check ◄───┤
+        │    (rollout and policy both hold v: checks the previous sync end to end)      │
+        │                                                                               ▼
+        │    reward.score ──Rewards──► grpo.group_advantages ──Advantages──┐    reference.log_probs
+        │                                                                  │    (only if kl_coef > 0)
+        │                                                                  ▼            │
+        │              TrainBatch(v) = tokens + rollout logprobs + advantages + ref ◄───┘
+        │                                     │
+        │                              policy.update (SPMD, every rank) ──UpdateStats(v+1)
+        │                                     │
+        └──── rollout.load_weights ◄── policy.weights() = WeightsHandle(v+1, checksum)
+              └─► WeightReport per rollout worker: version AND checksum must equal the handle's,
+                  else StaleWeightsError naming the worker
+
+`Controller.step()` returns a frozen `StepMetrics`; `Controller.run(steps)` loops, checkpointing every
+`rl.checkpoint_every` steps and after the last, and resumes from the checkpointer's newest state first.
+The same class runs in-process (tests drive it with `posttrain.rl.fakes`) or inside ONE Ray actor that
+holds the real groups (`posttrain.rl.run`). Fan-out is the groups' business: every call below goes to a
+whole group, which shards, calls its workers and merges.
+
+Leaves out: asynchronous / off-policy rollouts (generation waits for the sync), a critic (PPO), and
+dynamic batch filtering (groups whose rewards are all equal simply get zero advantage).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from posttrain.config import RLConfig
+from posttrain.rl.algorithms.grpo import group_advantages
+from posttrain.rl.metrics import StepMetrics, overhead
+from posttrain.rl.state import Checkpointer, PromptSampler
+from posttrain.rl.types import (
+    Advantages,
+    PolicyGroup,
+    ReferenceGroup,
+    RewardGroup,
+    RolloutGroup,
+    TrainBatch,
+)
+from posttrain.rl.weight_sync import check_drift, verify_reports
+
+
+@dataclass(frozen=True)
+class RoleGroups:
+    rollout: RolloutGroup
+    reward: RewardGroup
+    reference: ReferenceGroup | None
+    """None when rl.kl_coef == 0."""
+    policy: PolicyGroup
+
+
+class StepTracker(Protocol):
+    def log(self, m: StepMetrics) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Controller:
+    def __init__(self, rl_cfg: RLConfig, groups: RoleGroups, prompt_sampler: PromptSampler, tracker: StepTracker,
+                 checkpointer: Checkpointer | None):
+        if (rl_cfg.kl_coef > 0) != (groups.reference is not None):
+            raise ValueError(f"rl.kl_coef = {rl_cfg.kl_coef} needs a reference group exactly when it is > 0")
+        self.cfg, self.groups, self.sampler = rl_cfg, groups, prompt_sampler
+        self.tracker, self.checkpointer = tracker, checkpointer
+        self.step_count, self.version = 0, 0
+        self.rng = random.Random(rl_cfg.seed)
+        self.history: list[StepMetrics] = []
+        self.model_id: str | None = None
+        """Artifact id of the newest saved model (None before the first checkpoint)."""
+
+    # ------------------------------------------------------------------------------------- one step
+
+    def step(self) -> StepMetrics:
+        cfg, g, v = self.cfg, self.groups, self.version
+        t_step = time.perf_counter()
+        phase: dict[str, float] = {}
+        clock = time.perf_counter
+
+        t = clock()
+        prompts = self.sampler.next_batch(policy_version=v)
+        traj = g.rollout.generate(prompts, n=cfg.samples_per_prompt, temperature=cfg.temperature,
+                                  max_new_tokens=cfg.max_new_tokens, seed=self.rng.randrange(2**31))
+        phase["rollout"] = clock() - t
+        _expect_version("rollout", traj.policy_version, v)
+
+        # NOTE: before the update both sides hold version v, so this compares the rollout engine with the
+        # policy on identical weights - it checks the previous step's weight sync end to end.
+        t = clock()
+        policy_lp = g.policy.log_probs(traj, temperature=cfg.temperature)
+        drift = check_drift(traj.logprobs, policy_lp, version=v, threshold=cfg.drift_threshold,
+                            rollout_workers=g.rollout.identities())
+        phase["drift"] = clock() - t
+
+        t = clock()
+        rewards = g.reward.score(traj)
+        phase["reward"] = clock() - t
+
+        ref = None
+        if g.reference is not None:
+            t = clock()
+            ref = g.reference.log_probs(traj, temperature=cfg.temperature)
+            phase["reference"] = clock() - t
+
+        t = clock()
+        adv = group_advantages(rewards.scores, cfg.samples_per_prompt, std_normalize=cfg.std_normalize)
+        advantages = Advantages(policy_version=v, values=[float(a) for a in adv])
+        phase["advantages"] = clock() - t
+
+        t = clock()
+        batch = TrainBatch(policy_version=v, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
+                           old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None,
+                           advantages=advantages.values)
+        stats = g.policy.update(batch)  # SPMD: every policy rank runs the same update on its shard
+        phase["update"] = clock() - t
+        _expect_version("policy update", stats.policy_version, v + 1)
+
+        t = clock()
+        handle = g.policy.weights()
+        if handle.version != stats.policy_version or handle.checksum != stats.weights_checksum:
+            raise RuntimeError(f"policy.weights() returned version {handle.version} checksum {handle.checksum[:12]}, "
+                               f"but the update reported {stats.policy_version} / {stats.weights_checksum[:12]}")
+        reports = g.rollout.load_weights(handle)
+        verify_reports(handle, reports, g.rollout.identities())
+        phase["sync"] = clock() - t
+
+        self.version, self.step_count = stats.policy_version, self.step_count + 1
+        step_s = time.perf_counter() - t_step
+        compute = {"rollout": traj.compute_s, "reward": rewards.compute_s, "update": stats.compute_s}
+        if ref is not None:
+            compute["reference"] = ref.compute_s
+        scores = rewards.scores
+        mean = sum(scores) / len(scores)
+        n_tokens = sum(len(r) for r in traj.response_ids)
+        m = StepMetrics(
+            step=self.step_count, policy_version=self.version, reward_mean=mean,
+            reward_std=(sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5,
+            accuracy=sum(s >= 1.0 for s in scores) / len(scores),
+            reward_failures=sum(f is not None for f in rewards.failures),
+            kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction, loss=stats.loss,
+            grad_norm=stats.grad_norm, response_len_mean=n_tokens / len(traj.response_ids), drift=drift,
+            generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase["rollout"], 1e-9),
+            phase_s=phase, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s))
+        self.history.append(m)
+        return m
+
+    # ------------------------------------------------------------------------------------- the loop
+
+    def resume(self) -> None:
+        """Restore the newest checkpoint (policy state, sampler cursor, step, RNG), then push the policy's
+        weights to the rollout workers - also on a fresh start, so both sides provably hold version 0."""
+        state = self.checkpointer.restore(self.groups.policy) if self.checkpointer else None
+        if state is not None:
+            self.step_count, self.version = state.step, state.policy_version
+            self.sampler.load_state_dict(state.sampler)
+            self.rng.setstate(_rng_from_json(state.rng_state))
+            self.model_id = state.model_id
+            self.history = [StepMetrics(**_unflatten(h)) for h in state.history]
+            print(f"rl: resumed at step {state.step} (policy version {state.policy_version})", flush=True)
+        handle = self.groups.policy.weights()
+        if handle.version != self.version:
+            raise RuntimeError(f"policy holds version {handle.version}, the controller expected {self.version}")
+        verify_reports(handle, self.groups.rollout.load_weights(handle), self.groups.rollout.identities())
+
+    def run(self, steps: int) -> list[StepMetrics]:
+        """Run until `steps` updates are done (counting those before a resume); returns the full history."""
+        every = self.cfg.checkpoint_every
+        try:
+            while self.step_count < steps:
+                m = self.step()
+                if self.checkpointer:
+                    self.checkpointer.record(m)
+                self.tracker.log(m)
+                if self.step_count == steps or (every and self.step_count % every == 0):
+                    self.save()
+            if self.checkpointer and self.model_id is None:  # resumed a finished run that never saved
+                self.save()
+        finally:
+            self.tracker.close()
+        return self.history
+
+    def save(self) -> None:
+        if self.checkpointer is None:
+            return
+        state = {"sampler": self.sampler.state_dict(), "rng_state": _rng_to_json(self.rng.getstate()),
+                 "wandb_id": getattr(self.tracker, "wandb_id", None)}
+        ref = self.checkpointer.save(step=self.step_count, policy_version=self.version, policy=self.groups.policy,
+                                     controller_state=state, history=[m.flat() for m in self.history])
+        self.model_id = ref.id
+
+
+def _expect_version(stage: str, got: int, want: int) -> None:
+    if got != want:
+        raise RuntimeError(f"{stage}: produced policy version {got}, expected {want} (a stale or skipped update)")
+
+
+def _rng_to_json(state: tuple) -> list:
+    return [state[0], list(state[1]), state[2]]
+
+
+def _rng_from_json(state: list) -> tuple:
+    return (state[0], tuple(state[1]), state[2])
+
+
+def _unflatten(flat: dict) -> dict:
+    """Inverse of StepMetrics.flat()."""
+    out = {k: v for k, v in flat.items() if "/" not in k}
+    out["phase_s"] = {k[5:-2]: v for k, v in flat.items() if k.startswith("time/")}
+    out["compute_s"] = {k[8:-2]: v for k, v in flat.items() if k.startswith("compute/")}
+    return out

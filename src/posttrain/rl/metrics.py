@@ -1,0 +1,110 @@
+"""Per-step RL metrics (`StepMetrics`) and where they go: the console and wandb.
+
+`StepMetrics` is built once per step by the controller from the typed handoffs and the phase timings it
+measured. Orchestration overhead is the share of the step's wall time in which no role worker was
+computing, as timed by the workers themselves:
+
+    overhead = 1 - (rollout + reward + reference + update compute seconds, worker-timed) / step wall time
+
+so serialisation, object transfer, Ray scheduling, weight sync and the controller's own work all count as
+overhead (the drift check's policy forward too: `PolicyGroup.log_probs` reports no worker time).
+
+`RLTracker` prints a tqdm bar when stdout is a terminal, else one line every `tracking.log_every` steps (and
+the last), and logs to wandb in `tracking.wandb_mode` ("offline" by default; "disabled" creates no files
+and never imports wandb). It resumes the same wandb run id after a restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from posttrain.config import TrackingConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepMetrics:
+    step: int
+    """1-based number of this update."""
+    policy_version: int
+    """Policy version after the update (== step for a run that started at version 0)."""
+    reward_mean: float
+    reward_std: float
+    accuracy: float
+    """Fraction of samples with score >= 1."""
+    reward_failures: int
+    """Samples whose reward function raised or timed out (scored 0)."""
+    kl: float
+    entropy: float
+    clip_fraction: float
+    loss: float
+    grad_norm: float
+    response_len_mean: float
+    drift: float
+    """Mean |rollout logprob - policy logprob| over this step's tokens before the update."""
+    generated_tokens: int
+    generated_tokens_per_s: float
+    """Generated tokens / rollout phase wall time."""
+    phase_s: dict[str, float]
+    """Wall seconds per phase as seen by the controller: rollout, drift, reward, reference, advantages,
+    update, sync."""
+    compute_s: dict[str, float]
+    """Seconds each role computed, as timed inside its workers (max over a group's workers)."""
+    step_s: float
+    orchestration_overhead: float
+    """1 - sum(compute_s) / step_s."""
+
+    def flat(self) -> dict[str, float | int]:
+        """One flat dict of numbers (for wandb, console lines and manifests)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("phase_s", "compute_s")}
+        out.update({f"time/{k}_s": v for k, v in self.phase_s.items()})
+        out.update({f"compute/{k}_s": v for k, v in self.compute_s.items()})
+        return out
+
+
+def overhead(compute_s: dict[str, float], step_s: float) -> float:
+    return 1.0 - sum(compute_s.values()) / step_s if step_s > 0 else 0.0
+
+
+_CONSOLE = ("reward_mean", "accuracy", "kl", "entropy", "clip_fraction", "response_len_mean", "drift",
+            "generated_tokens_per_s", "step_s", "orchestration_overhead")
+
+
+class RLTracker:
+    """Console + wandb sink for StepMetrics. `wandb_id` continues a run after a resume."""
+
+    def __init__(self, cfg: TrackingConfig, *, name: str, run_dir: str | Path, total: int, start: int = 0,
+                 wandb_id: str | None = None, config: dict | None = None):
+        self.cfg, self.total, self.wandb_id = cfg, total, wandb_id
+        self._run, self._bar = None, None
+        if sys.stdout.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=start, desc=name, dynamic_ncols=True)
+        if cfg.wandb_mode != "disabled":
+            import wandb
+
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            self._run = wandb.init(project=cfg.wandb_project, name=name, mode=cfg.wandb_mode, dir=str(run_dir),
+                                   id=wandb_id, resume="allow", config=config or {},
+                                   settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+            self.wandb_id = self._run.id
+
+    def log(self, m: StepMetrics) -> None:
+        flat = m.flat()
+        if self._run is not None:
+            self._run.log(flat, step=m.step)
+        line = " ".join(f"{k}={flat[k]:.4g}" for k in _CONSOLE)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix_str(line[:160])
+        elif m.step % self.cfg.log_every == 0 or m.step == self.total:
+            print(f"rl step {m.step}/{self.total}: {line}", flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._run is not None:
+            self._run.finish()

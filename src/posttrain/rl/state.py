@@ -1,0 +1,207 @@
+"""RL checkpoints and resume, and the resumable prompt sampler.
+
+Every `rl.checkpoint_every` steps (and after the last) `Checkpointer.save` writes:
+- a `model` artifact through the ArtifactStore: the policy's HF checkpoint; parents = the starting model's
+  artifact id and the dataset id; manifest `extra` = the reward function's identity (import path + source
+  sha256, or the built-in verifier + sha256 of posttrain/data/verifiers.py), the policy version and step;
+  metrics = that step's metrics;
+- training state, kept apart in `state_dir/step-NNNNNN/`: the policy ranks' optimizer/RNG/version
+  (`PolicyGroup.save_state`), and `controller.json` (step, policy version, prompt-sampler cursor, the
+  controller's RNG, wandb run id, metrics history, model artifact id).
+The step folder is assembled under a temporary name, renamed into place, and only then does the `LATEST`
+file (replaced atomically) point at it - a SIGKILL at any moment leaves the previous checkpoint intact.
+
+`steps.jsonl` in state_dir is the per-step log (one line per finished update). On resume it is cut back
+to the checkpoint's step, so after a kill and a restart every step appears exactly once.
+
+Leaves out: shared storage. state_dir and the policy's checkpoint folder must be reachable from the
+controller and policy rank 0 (one node locally; a shared volume on a multi-node cluster).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from posttrain.artifacts import ArtifactRef, ArtifactStore
+from posttrain.data.chat import encode_prompt
+from posttrain.data.examples import prompt_messages
+from posttrain.rl.metrics import StepMetrics
+from posttrain.rl.types import PolicyGroup, PromptBatch
+
+KEEP_CHECKPOINTS = 2
+"""Step folders kept in state_dir (the newest ones); older ones are deleted after a successful save."""
+
+
+# --------------------------------------------------------------------------------------------- prompts
+
+
+class PromptSampler:
+    """Deterministic, cursor-based prompts: epoch e visits the train split in permutation(seed, e) order.
+
+    The cursor (prompts drawn so far) is the whole state: restoring it continues the exact sequence.
+    Prompts are rendered with the model's own chat template (encode_prompt, add_generation_prompt=True).
+    """
+
+    def __init__(self, examples: list[dict], tokenizer, *, prompts_per_step: int, seed: int):
+        if not examples:
+            raise ValueError("prompt sampler: the train split is empty")
+        self.examples, self.tokenizer = examples, tokenizer
+        self.prompts_per_step, self.seed, self.cursor = prompts_per_step, seed, 0
+        self._perm: tuple[int, torch.Tensor] | None = None
+        self._encoded: dict[int, list[int]] = {}
+
+    def _index(self, k: int) -> int:
+        epoch, pos = divmod(k, len(self.examples))
+        if self._perm is None or self._perm[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm = (epoch, torch.randperm(len(self.examples), generator=g))
+        return int(self._perm[1][pos])
+
+    def next_batch(self, policy_version: int) -> PromptBatch:
+        ids = [self._index(k) for k in range(self.cursor, self.cursor + self.prompts_per_step)]
+        self.cursor += self.prompts_per_step
+        for i in ids:
+            if i not in self._encoded:
+                self._encoded[i] = encode_prompt(self.tokenizer, prompt_messages(self.examples[i]))
+        return PromptBatch(policy_version=policy_version, example_ids=ids, prompt_ids=[self._encoded[i] for i in ids],
+                           answers=[self.examples[i].get("answer") for i in ids],
+                           tasks=[self.examples[i].get("task") for i in ids])
+
+    def state_dict(self) -> dict:
+        return {"cursor": self.cursor, "seed": self.seed, "num_examples": len(self.examples)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_examples"] != len(self.examples) or state["seed"] != self.seed:
+            raise ValueError(f"prompt sampler: checkpoint was made for {state['num_examples']} examples with seed "
+                             f"{state['seed']}, this run has {len(self.examples)} with seed {self.seed}")
+        self.cursor = state["cursor"]
+
+
+# --------------------------------------------------------------------------------------------- identity
+
+
+def reward_identity(reward_fn: str, tasks: list[str | None]) -> dict:
+    """What scored the rollouts, for the manifest: a user function's import path + source hash, or the
+    built-in verifier(s) + the sha256 of posttrain/data/verifiers.py."""
+    if reward_fn:
+        from posttrain.rewards import reward_identity as user_identity
+
+        return {"kind": "user", **user_identity(reward_fn)}
+    import posttrain.data.verifiers as verifiers
+
+    src = Path(verifiers.__file__).read_bytes()
+    return {"kind": "verifier", "verifiers": sorted({t for t in tasks if t}),
+            "import_path": "posttrain.data.verifiers:score", "source_sha256": hashlib.sha256(src).hexdigest()}
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeState:
+    step: int
+    policy_version: int
+    sampler: dict
+    rng_state: list
+    """random.Random.getstate() of the controller, as JSON lists."""
+    wandb_id: str | None
+    model_id: str
+    history: list[dict] = field(default_factory=list)
+    """StepMetrics.flat() of every step so far."""
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Checkpointer:
+    """Writes model artifacts + resumable training state; restores the newest complete state."""
+
+    def __init__(self, *, state_dir: str | Path, store_root: str, run_id: str, parents: list[str], config: dict,
+                 extra: dict, name: str = "rl"):
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = ArtifactStore(store_root)
+        self.run_id, self.parents, self.config, self.extra, self.name = run_id, parents, config, extra, name
+        self.log_path = self.state_dir / "steps.jsonl"
+
+    # ----------------------------------------------------------------------------------- per-step log
+
+    def record(self, m: StepMetrics) -> None:
+        """Append one finished step to steps.jsonl (flushed; cut back to the checkpoint on resume)."""
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps(m.flat(), sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def logged_steps(self) -> list[int]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line)["step"] for line in self.log_path.read_text().splitlines() if line.strip()]
+
+    # ----------------------------------------------------------------------------------- save
+
+    def save(self, *, step: int, policy_version: int, policy: PolicyGroup, controller_state: dict,
+             history: list[dict]) -> ArtifactRef:
+        final = self.state_dir / f"step-{step:06d}"
+        tmp = self.state_dir / f".tmp-step-{step:06d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        policy.save(str(tmp / "model"))
+        policy.save_state(str(tmp / "policy"))
+        ref = self.store.put("model", f"{self.name}-step{step}", tmp / "model", run_id=self.run_id,
+                             parents=self.parents, config=self.config, metrics=history[-1] if history else {},
+                             extra={**self.extra, "policy_version": policy_version, "step": step})
+        state = {"step": step, "policy_version": policy_version, "model_id": ref.id, "history": history,
+                 **controller_state}
+        _write_atomic(tmp / "controller.json", json.dumps(state))
+        shutil.rmtree(tmp / "model")  # the store holds the model; the state folder keeps only what resumes
+        shutil.rmtree(final, ignore_errors=True)  # a re-run after a kill may redo a step folder
+        os.replace(tmp, final)
+        _write_atomic(self.state_dir / "LATEST", final.name)
+        for old in sorted(self.state_dir.glob("step-*"))[:-KEEP_CHECKPOINTS]:
+            if old.name != final.name:
+                shutil.rmtree(old, ignore_errors=True)
+        return ref
+
+    # ----------------------------------------------------------------------------------- resume
+
+    def latest(self) -> ResumeState | None:
+        pointer = self.state_dir / "LATEST"
+        if not pointer.exists():
+            return None
+        d = json.loads((self.state_dir / pointer.read_text().strip() / "controller.json").read_text())
+        return ResumeState(step=d["step"], policy_version=d["policy_version"], sampler=d["sampler"],
+                           rng_state=d["rng_state"], wandb_id=d.get("wandb_id"), model_id=d["model_id"],
+                           history=d["history"])
+
+    def restore(self, policy: PolicyGroup) -> ResumeState | None:
+        """Load the newest state into the policy group; None when state_dir holds no checkpoint."""
+        state = self.latest()
+        if state is None:
+            return None
+        folder = self.state_dir / (self.state_dir / "LATEST").read_text().strip()
+        version = policy.load_state(str(folder / "policy"))
+        if version != state.policy_version:
+            raise RuntimeError(f"resume: policy state in {folder} holds version {version}, controller.json says "
+                               f"{state.policy_version}")
+        if self.log_path.exists():  # drop steps done after the checkpoint: they are redone now
+            keep = [line for line in self.log_path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= state.step]
+            _write_atomic(self.log_path, "".join(line + "\n" for line in keep))
+        return state
+
+    def model_ref(self, model_id: str) -> ArtifactRef:
+        return self.store.ref(model_id)
