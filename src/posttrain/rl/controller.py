@@ -16,7 +16,8 @@
               └─► WeightReport per rollout worker: version AND checksum must equal the handle's,
                   else StaleWeightsError naming the worker
 
-`Controller.step()` returns a frozen `StepMetrics`; `Controller.run(steps)` loops, checkpointing every
+`Controller.step()` returns a frozen `StepMetrics`; `Controller.run(steps)` calls `start()` (resume + first
+weight sync) and loops, checkpointing every
 `rl.checkpoint_every` steps and after the last, and resumes from the checkpointer's newest state first.
 The same class runs in-process (tests drive it with `posttrain.rl.fakes`) or inside ONE Ray actor that
 holds the real groups (`posttrain.rl.run`). Fan-out is the groups' business: every call below goes to a
@@ -32,6 +33,8 @@ import random
 import time
 from dataclasses import dataclass
 from typing import Protocol
+
+import torch
 
 from posttrain.config import RLConfig
 from posttrain.rl.algorithms.grpo import group_advantages
@@ -73,12 +76,15 @@ class Controller:
         self.step_count, self.version = 0, 0
         self.rng = random.Random(rl_cfg.seed)
         self.history: list[StepMetrics] = []
+        self.started = False
         self.model_id: str | None = None
         """Artifact id of the newest saved model (None before the first checkpoint)."""
 
     # ------------------------------------------------------------------------------------- one step
 
     def step(self) -> StepMetrics:
+        if not self.started:
+            raise RuntimeError("Controller.step() before start(): the rollout workers hold no verified weights yet")
         cfg, g, v = self.cfg, self.groups, self.version
         t_step = time.perf_counter()
         phase: dict[str, float] = {}
@@ -110,8 +116,8 @@ class Controller:
             phase["reference"] = clock() - t
 
         t = clock()
-        adv = group_advantages(rewards.scores, cfg.samples_per_prompt, std_normalize=cfg.std_normalize)
-        advantages = Advantages(policy_version=v, values=[float(a) for a in adv])
+        adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt, std_normalize=cfg.std_normalize)
+        advantages = Advantages(policy_version=v, values=adv.tolist())
         phase["advantages"] = clock() - t
 
         t = clock()
@@ -153,7 +159,7 @@ class Controller:
 
     # ------------------------------------------------------------------------------------- the loop
 
-    def resume(self) -> None:
+    def start(self) -> None:
         """Restore the newest checkpoint (policy state, sampler cursor, step, RNG), then push the policy's
         weights to the rollout workers - also on a fresh start, so both sides provably hold version 0."""
         state = self.checkpointer.restore(self.groups.policy) if self.checkpointer else None
@@ -168,11 +174,14 @@ class Controller:
         if handle.version != self.version:
             raise RuntimeError(f"policy holds version {handle.version}, the controller expected {self.version}")
         verify_reports(handle, self.groups.rollout.load_weights(handle), self.groups.rollout.identities())
+        self.started = True
 
     def run(self, steps: int) -> list[StepMetrics]:
         """Run until `steps` updates are done (counting those before a resume); returns the full history."""
         every = self.cfg.checkpoint_every
         try:
+            if not self.started:
+                self.start()
             while self.step_count < steps:
                 m = self.step()
                 if self.checkpointer:

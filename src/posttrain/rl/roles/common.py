@@ -1,0 +1,26 @@
+"""What every role worker shares: its identity and single-threaded torch (workers share the node's cores)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from posttrain.rl.types import WorkerId
+
+
+def worker_identity(role: str, rank: int, world_size: int) -> WorkerId:
+    node = socket.gethostname()
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node = ray.get_runtime_context().get_node_id()[:12]
+    except ImportError:
+        pass
+    return WorkerId(role=role, rank=rank, world_size=world_size, node=node, pid=os.getpid())
+
+
+def single_threaded() -> None:
+    torch.set_num_threads(1)

@@ -1,0 +1,218 @@
+"""Policy role: N workers forming ONE torch.distributed group (gloo on CPU, NCCL on GPU) that run the same
+GRPO update - SPMD - on token-balanced shards of the batch.
+
+Each rank computes its loss with `grpo.policy_loss(..., normalizer=GLOBAL tokens or sequences)` and scales it
+by world_size because DDP averages gradients; so the all-reduced gradient is exactly the gradient of the
+global-batch loss, however the batch was split. Every rank runs the same number of micro-batches (the group
+computes it), otherwise DDP's all-reduce would hang. `rl.inner_epochs` optimizer steps are taken per batch;
+after the first, the clipped importance ratio does its work. The policy version goes up by one per update.
+
+`PolicyGroup.update` = dispatch.shard -> .remote on every rank -> gather -> reduce stats (and check that all
+ranks hold identical weights afterwards).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from posttrain.config import LossAgg, RLConfig
+from posttrain.models.generate import entropy_from_logits, forward_response_logits, sequence_logprobs, token_logprobs
+from posttrain.models.io import load_model, load_tokenizer, save_model
+from posttrain.rl import dispatch
+from posttrain.rl.algorithms import grpo
+from posttrain.rl.remote import gather
+from posttrain.rl.roles.common import single_threaded, worker_identity
+from posttrain.rl.types import TrainBatch, Trajectories, UpdateStats, WeightsHandle, WorkerId
+from posttrain.rl.weight_sync import weights_checksum
+
+
+class PolicyWorker:
+    def __init__(self, model_dir: str, cfg: RLConfig, rank: int, world_size: int):
+        single_threaded()
+        self.cfg, self.rank, self.world = cfg, rank, world_size
+        self.id = worker_identity("policy", rank, world_size)
+        torch.manual_seed(cfg.seed)
+        self.model = load_model(model_dir).train()
+        self.tok = load_tokenizer(model_dir)
+        self.version = 0
+        self.ddp = None
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+
+    def identity(self) -> WorkerId:
+        return self.id
+
+    def master_address(self) -> tuple[str, int]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return "127.0.0.1", s.getsockname()[1]
+
+    def setup_process_group(self, addr: str, port: int, timeout_s: float) -> None:
+        """Join the policy group (every rank calls this at once; it blocks until all have joined)."""
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
+                                    world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))
+        self.ddp = torch.nn.parallel.DistributedDataParallel(self.model)
+
+    def log_probs(self, prompt_ids, response_ids, temperature: float) -> list[list[float]]:
+        self.model.eval()
+        lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
+                               pad_id=self.tok.pad_token_id)
+        self.model.train()
+        return [x.tolist() for x in lp]
+
+    def update(self, shard: TrainBatch, global_tokens: int, global_seqs: int, n_micro: int) -> dict:
+        if shard.policy_version != self.version:
+            raise RuntimeError(f"{self.id}: train batch is from policy version {shard.policy_version}, "
+                               f"this rank holds version {self.version}")
+        t0 = time.perf_counter()
+        cfg, n = self.cfg, len(shard.response_ids)
+        norm = float(global_tokens if cfg.loss_agg == LossAgg.TOKEN_MEAN else global_seqs)
+        bounds = [round(i * n / n_micro) for i in range(n_micro + 1)]
+        sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ent": 0.0, "tok": 0}
+        grad_norm = 0.0
+        for epoch in range(cfg.inner_epochs):
+            for m in range(n_micro):
+                lo, hi = bounds[m], bounds[m + 1]
+                sync = m == n_micro - 1
+                with (torch.enable_grad() if sync else self.ddp.no_sync()):
+                    logits, targets, mask = forward_response_logits(
+                        self.ddp, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi], self.tok.pad_token_id)
+                    logp = token_logprobs(logits, targets, cfg.temperature)  # (b, R)
+                    old = _pad(shard.old_logprobs[lo:hi], logp.shape)
+                    ref = _pad(shard.ref_logprobs[lo:hi], logp.shape) if shard.ref_logprobs else None
+                    adv = torch.tensor(shard.advantages[lo:hi], dtype=torch.float32)
+                    loss, st = grpo.policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                                loss_agg=cfg.loss_agg, ref_logp=ref, kl_coef=cfg.kl_coef,
+                                                kl_estimator=cfg.kl_estimator, normalizer=norm)
+                    (loss * self.world).backward()
+                if epoch == 0:
+                    with torch.no_grad():
+                        ent = entropy_from_logits(logits.detach(), cfg.temperature)
+                    k = st.tokens
+                    sums["loss"] += float(loss)
+                    sums["pg"] += st.pg_loss * k
+                    sums["kl"] += st.kl * k
+                    sums["clip"] += st.clip_fraction * k
+                    sums["ent"] += float((ent * mask).sum())
+                    sums["tok"] += k
+            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        self.version += 1
+        return {**sums, "grad_norm": grad_norm, "version": self.version,
+                "checksum": weights_checksum(self.model.state_dict()), "compute_s": time.perf_counter() - t0}
+
+    def checksum(self) -> str:
+        return weights_checksum(self.model.state_dict())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save(self, out_dir: str) -> None:
+        if self.rank == 0:
+            save_model(self.model, self.tok, out_dir)
+
+    def save_state(self, state_dir: str) -> None:
+        d = Path(state_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        if self.rank == 0:
+            save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, str(d / "policy.safetensors"))
+        torch.save({"optim": self.opt.state_dict(), "rng": torch.get_rng_state()}, d / f"optim-rank{self.rank}.pt")
+        (d / f"version-rank{self.rank}.json").write_text(json.dumps({"version": self.version}))
+
+    def load_state(self, state_dir: str) -> int:
+        d = Path(state_dir)
+        self.model.load_state_dict(load_file(str(d / "policy.safetensors")))
+        s = torch.load(d / f"optim-rank{self.rank}.pt", weights_only=True)
+        self.opt.load_state_dict(s["optim"])
+        torch.set_rng_state(s["rng"])
+        self.version = json.loads((d / f"version-rank{self.rank}.json").read_text())["version"]
+        return self.version
+
+
+def _pad(rows: list[list[float]], shape) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out
+
+
+class PolicyGroup:
+    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, micro_batch_size: int):
+        self.workers, self.ids, self.timeout_s, self.mb = workers, ids, timeout_s, micro_batch_size
+        self.version = 0
+
+    def identities(self) -> list[WorkerId]:
+        return list(self.ids)
+
+    def setup(self) -> None:
+        addr, port = gather([self.workers[0].master_address.remote()], self.ids[:1], stage="policy.setup",
+                            timeout_s=self.timeout_s)[0]
+        refs = [w.setup_process_group.remote(addr, port, self.timeout_s) for w in self.workers]
+        gather(refs, self.ids, stage="policy.setup", timeout_s=self.timeout_s)
+
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> list[list[float]]:
+        t = trajectories
+        lengths = [len(p) + len(r) for p, r in zip(t.prompt_ids, t.response_ids)]
+        sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
+        refs = [w.log_probs.remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx], temperature)
+                for w, idx in zip(self.workers, sh.indices)]
+        return dispatch.merge(sh, gather(refs, self.ids, stage="policy.log_probs", timeout_s=self.timeout_s))
+
+    def update(self, batch: TrainBatch) -> UpdateStats:
+        lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+        sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers), equal_size=True)
+        n_micro = max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb))
+        n_micro = min(n_micro, min(len(i) for i in sh.indices))
+        global_tokens = sum(len(r) for r in batch.response_ids)
+        refs = [w.update.remote(_take(batch, idx), global_tokens, len(batch.response_ids), n_micro)
+                for w, idx in zip(self.workers, sh.indices)]
+        res = gather(refs, self.ids, stage="policy.update", timeout_s=self.timeout_s)
+        if len({r["checksum"] for r in res}) != 1:
+            raise RuntimeError("stage policy.update: policy ranks hold different weights after the update: " +
+                               ", ".join(f"{w}={r['checksum'][:12]}" for w, r in zip(self.ids, res)))
+        tok = max(1, sum(r["tok"] for r in res))
+        self.version = res[0]["version"]
+        return UpdateStats(policy_version=self.version, loss=sum(r["loss"] for r in res),
+                           pg_loss=sum(r["pg"] for r in res) / tok, kl=sum(r["kl"] for r in res) / tok,
+                           entropy=sum(r["ent"] for r in res) / tok, clip_fraction=sum(r["clip"] for r in res) / tok,
+                           grad_norm=res[0]["grad_norm"], weights_checksum=res[0]["checksum"],
+                           compute_s=max(r["compute_s"] for r in res))
+
+    def weights(self) -> WeightsHandle:
+        ref = self.workers[0].state_dict.remote()  # stays a reference: rollout workers fetch it themselves
+        checksum = gather([self.workers[0].checksum.remote()], self.ids[:1], stage="policy.weights",
+                          timeout_s=self.timeout_s)[0]
+        return WeightsHandle(version=self.version, checksum=checksum, payload=ref)
+
+    def save(self, out_dir: str) -> None:
+        gather([w.save.remote(out_dir) for w in self.workers], self.ids, stage="policy.save", timeout_s=self.timeout_s)
+
+    def save_state(self, state_dir: str) -> None:
+        gather([w.save_state.remote(state_dir) for w in self.workers], self.ids, stage="policy.save_state",
+               timeout_s=self.timeout_s)
+
+    def load_state(self, state_dir: str) -> int:
+        versions = gather([w.load_state.remote(state_dir) for w in self.workers], self.ids, stage="policy.load_state",
+                          timeout_s=self.timeout_s)
+        self.version = versions[0]
+        return self.version
+
+
+def _take(b: TrainBatch, idx: list[int]) -> TrainBatch:
+    return TrainBatch(policy_version=b.policy_version, prompt_ids=[b.prompt_ids[i] for i in idx],
+                      response_ids=[b.response_ids[i] for i in idx], old_logprobs=[b.old_logprobs[i] for i in idx],
+                      ref_logprobs=[b.ref_logprobs[i] for i in idx] if b.ref_logprobs else None,
+                      advantages=[b.advantages[i] for i in idx])

@@ -1,0 +1,47 @@
+"""Reference role: log-probs of the frozen starting model for the KL penalty. The controller creates it
+only when rl.kl_coef > 0 (with no KL term it would be pure cost)."""
+
+from __future__ import annotations
+
+import time
+
+from posttrain.models.generate import sequence_logprobs
+from posttrain.models.io import load_model, load_tokenizer
+from posttrain.rl import dispatch
+from posttrain.rl.remote import gather
+from posttrain.rl.roles.common import single_threaded, worker_identity
+from posttrain.rl.types import RefLogProbs, Trajectories, WorkerId
+
+
+class ReferenceWorker:
+    def __init__(self, model_dir: str, rank: int, world_size: int):
+        single_threaded()
+        self.model, self.tok = load_model(model_dir), load_tokenizer(model_dir)
+        self.id = worker_identity("reference", rank, world_size)
+
+    def identity(self) -> WorkerId:
+        return self.id
+
+    def log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
+        t0 = time.perf_counter()
+        lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
+                               pad_id=self.tok.pad_token_id)
+        return [x.tolist() for x in lp], time.perf_counter() - t0
+
+
+class ReferenceGroup:
+    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float):
+        self.workers, self.ids, self.timeout_s = workers, ids, timeout_s
+
+    def identities(self) -> list[WorkerId]:
+        return list(self.ids)
+
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> RefLogProbs:
+        t = trajectories
+        lengths = [len(p) + len(r) for p, r in zip(t.prompt_ids, t.response_ids)]
+        sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
+        refs = [w.log_probs.remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx], temperature)
+                for w, idx in zip(self.workers, sh.indices)]
+        results = gather(refs, self.ids, stage="reference.log_probs", timeout_s=self.timeout_s)
+        return RefLogProbs(policy_version=t.policy_version, values=dispatch.merge(sh, [r[0] for r in results]),
+                           compute_s=max(r[1] for r in results))
