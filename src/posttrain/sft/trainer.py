@@ -42,7 +42,7 @@ from posttrain.models.io import load_model, load_tokenizer, save_model
 from posttrain.models.tiny import build_model
 from posttrain.sft.batching import Batch, collate, rank_order, token_losses
 from posttrain.sft.dist import DistInfo, all_reduce_sum, init_distributed
-from posttrain.sft.tracking import Tracker
+from posttrain.tracking import Tracker
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:

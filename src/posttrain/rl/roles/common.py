@@ -24,3 +24,12 @@ def worker_identity(role: str, rank: int, world_size: int) -> WorkerId:
 
 def single_threaded() -> None:
     torch.set_num_threads(1)
+
+
+def where() -> dict:
+    """Where this worker runs: node, placement group and the (bundle-indexed) resources Ray assigned it."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return {"node": ctx.get_node_id(), "placement_group": ctx.get_placement_group_id(),
+            "resources": ctx.get_assigned_resources()}

@@ -31,7 +31,7 @@ from posttrain.models.io import load_model, load_tokenizer, save_model
 from posttrain.rl import dispatch
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, worker_identity
+from posttrain.rl.roles.common import single_threaded, where, worker_identity
 from posttrain.rl.types import TrainBatch, Trajectories, UpdateStats, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
 
@@ -50,6 +50,9 @@ class PolicyWorker:
 
     def identity(self) -> WorkerId:
         return self.id
+
+    def where(self) -> dict:
+        return where()
 
     def master_address(self) -> tuple[str, int]:
         with socket.socket() as s:

@@ -9,7 +9,7 @@ from posttrain.models.generate import sequence_logprobs
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, worker_identity
+from posttrain.rl.roles.common import single_threaded, where, worker_identity
 from posttrain.rl.types import RefLogProbs, Trajectories, WorkerId
 
 
@@ -21,6 +21,9 @@ class ReferenceWorker:
 
     def identity(self) -> WorkerId:
         return self.id
+
+    def where(self) -> dict:
+        return where()
 
     def log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
         t0 = time.perf_counter()

@@ -10,7 +10,7 @@ from posttrain.data import verifiers
 from posttrain.dispatch_util import split_even
 from posttrain.rewards import RewardSandbox
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, worker_identity
+from posttrain.rl.roles.common import single_threaded, where, worker_identity
 from posttrain.rl.types import Rewards, Trajectories, WorkerId
 
 
@@ -22,6 +22,9 @@ class RewardWorker:
 
     def identity(self) -> WorkerId:
         return self.id
+
+    def where(self) -> dict:
+        return where()
 
     def score(self, texts: list[str], answers: list[str | None], tasks: list[str | None]) -> tuple:
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from posttrain.dispatch_util import split_even
 from posttrain.models.generate import Generation, generate
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, worker_identity
+from posttrain.rl.roles.common import single_threaded, where, worker_identity
 from posttrain.rl.types import PromptBatch, Trajectories, WeightReport, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
 
@@ -57,6 +57,9 @@ class RolloutWorker:
 
     def identity(self) -> WorkerId:
         return self.id
+
+    def where(self) -> dict:
+        return where()
 
     def generate(self, prompts: PromptBatch, n: int, temperature: float, max_new_tokens: int, seed: int) -> Trajectories:
         t0 = time.perf_counter()
