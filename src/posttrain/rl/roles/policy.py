@@ -131,7 +131,7 @@ class PolicyWorker:
         d = Path(state_dir)
         d.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
-            save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, str(d / "policy.safetensors"))
+            save_file({k: v.contiguous().clone() for k, v in self.model.state_dict().items()}, str(d / "policy.safetensors"))
         torch.save({"optim": self.opt.state_dict(), "rng": torch.get_rng_state()}, d / f"optim-rank{self.rank}.pt")
         (d / f"version-rank{self.rank}.json").write_text(json.dumps({"version": self.version}))
 

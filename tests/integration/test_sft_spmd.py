@@ -1,0 +1,150 @@
+"""The SPMD SFT trainer with real gloo process groups (torchrun subprocesses): disjoint shards, identical
+weights, split invariance, packing, FSDP2 vs DDP, resume after SIGKILL, and learning addition."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posttrain.config import DataConfig
+from posttrain.data.prepare import prepare_dataset
+from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("spmd_driver.py")
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spmd")
+    prepare_dataset(DataConfig(num_examples=1200, eval_size=100, num_digits=2), d / "ds")
+    train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
+    return d
+
+
+def torchrun(nproc: int, *args, timeout=240, env=None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           *map(str, args)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    assert p.returncode == 0, p.stderr[-4000:]
+    return p
+
+
+def run_driver(tmp, data, nproc, mode, micro, global_bs, steps, parallel="ddp"):
+    out = tmp / f"{mode}-{nproc}x{micro}-{parallel}"
+    out.mkdir()
+    torchrun(nproc, DRIVER, out, data / "ds", data / "tok", mode, micro, global_bs, steps, parallel)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+    return ranks, load_file(str(out / "weights.safetensors"))
+
+
+def _max_diff(a, b):
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_ranks_see_different_data_and_hold_identical_weights(tmp_path, small_data):
+    ranks, _ = run_driver(tmp_path, small_data, 2, "shards", 8, 32, 3)
+    for step in range(3):
+        a, b = set(ranks[0]["seen"][step]), set(ranks[1]["seen"][step])
+        assert a and b and not a & b
+    assert not set(sum(ranks[0]["seen"], [])) & set(sum(ranks[1]["seen"], []))  # nothing twice in the epoch
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+
+
+def test_split_invariance_1x4_vs_2x2_and_packing(tmp_path, small_data):
+    one, w1 = run_driver(tmp_path, small_data, 1, "fixed", 4, 16, 2)
+    two, w2 = run_driver(tmp_path, small_data, 2, "fixed", 4, 16, 2)  # 2 ranks x 2 micro-batches of 4
+    packed, wp = run_driver(tmp_path, small_data, 2, "packed", 4, 16, 2)
+    assert one[0]["losses"] == pytest.approx(two[0]["losses"], abs=1e-5)
+    assert _max_diff(w1, w2) < 1e-5
+    assert packed[0]["losses"] == pytest.approx(one[0]["losses"], abs=1e-5)
+    assert _max_diff(w1, wp) < 1e-5
+
+
+def test_fsdp2_matches_ddp(tmp_path, small_data):
+    ddp, wd = run_driver(tmp_path, small_data, 2, "fixed", 4, 16, 3, "ddp")
+    fsdp, wf = run_driver(tmp_path, small_data, 2, "fixed", 4, 16, 3, "fsdp2")
+    assert fsdp[0]["losses"] == pytest.approx(ddp[0]["losses"], abs=1e-5)
+    assert _max_diff(wd, wf) < 1e-5
+
+
+def test_prompt_tokens_contribute_nothing_to_the_loss(small_data):
+    from posttrain.config import ModelConfig
+    from posttrain.data.chat import tokenize_for_training
+    from posttrain.models.io import load_tokenizer
+    from posttrain.models.tiny import build_model
+    from posttrain.sft.batching import IGNORE, collate, token_losses
+
+    tok = load_tokenizer(small_data / "tok")
+    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64), tok)
+    msgs = [{"role": "user", "content": "12+34="}, {"role": "assistant", "content": "046"}]
+    ids, mask = tokenize_for_training(tok, msgs, 32)
+    assert sum(mask) == 4 and tok.decode([i for i, m in zip(ids, mask) if m]) == "046<|end|>"
+    b = collate([(ids, mask)], pack=False, pack_length=32, pad_id=tok.pad_token_id)
+    assert (b.labels != IGNORE).sum() == 4
+    other = tokenize_for_training(tok, [{"role": "user", "content": "99+99="}, msgs[1]], 32)
+    b2 = collate([other], pack=False, pack_length=32, pad_id=tok.pad_token_id)
+    loss = token_losses(model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits,
+                        b.labels)
+    assert torch.count_nonzero(loss) == 4  # only the 4 assistant targets carry loss
+    grads = []
+    for batch in (b, b2):  # the gradient w.r.t. the prompt embeddings' loss terms: prompt targets have none
+        model.zero_grad()
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits
+        token_losses(logits, batch.labels)[batch.labels == IGNORE].sum().backward()
+        grads.append(sum(float(p.grad.abs().sum()) for p in model.parameters() if p.grad is not None))
+    assert grads == [0.0, 0.0]
+
+
+RUN = r"""
+import sys
+from pathlib import Path
+from posttrain.config import ModelConfig, SFTConfig, TrackingConfig
+from posttrain.sft import run_sft
+d = Path(sys.argv[1]); steps = int(sys.argv[2])
+run_sft(model_cfg=ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64, max_seq_len=32),
+        sft_cfg=SFTConfig(steps=steps, global_batch_size=16, micro_batch_size=4, nproc=2, save_every=4, warmup_steps=2, lr=1e-2),
+        tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=1), dataset_dir=d / "ds", tokenizer_dir=d / "tok",
+        base_model_dir=None, out_dir=Path(sys.argv[3]), state_dir=Path(sys.argv[4]), run_name="t")
+"""
+
+
+def test_resume_after_sigkill_gives_the_same_weights(tmp_path, small_data):
+    script = tmp_path / "run.py"
+    script.write_text(RUN)
+    torchrun(2, script, small_data, 24, tmp_path / "full", tmp_path / "state-full")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+           str(small_data), "24", str(tmp_path / "resumed"), str(tmp_path / "state-kill")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    log = []
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        log.append(line)
+        if line.startswith("step 9:"):  # state was saved after step 8 (steps are 0-based in the log)
+            break
+    # SIGKILL the launcher and every rank (torchrun's workers may sit in their own sessions).
+    os.killpg(proc.pid, signal.SIGKILL)
+    subprocess.run(["pkill", "-9", "-f", str(tmp_path / "state-kill")], check=False)
+    proc.wait(30)
+    time.sleep(1)
+    assert any(p.name == "step-0000008" for p in (tmp_path / "state-kill").iterdir()), "".join(log)
+    assert not (tmp_path / "resumed").exists()
+    p = torchrun(2, script, small_data, 24, tmp_path / "resumed", tmp_path / "state-kill")
+    steps_logged = [int(ln.split(":")[0].split()[1]) for ln in p.stdout.splitlines() if ln.startswith("step ")]
+    assert steps_logged[0] == 8 and steps_logged[-1] == 23  # resumed at the saved cursor; nothing repeated or lost
+    a = load_file(str(tmp_path / "full" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert _max_diff(a, b) <= 1e-6
