@@ -33,7 +33,7 @@ def tiny_cpu() -> PipelineConfig:
         data=DataConfig(task="addition", num_examples=20000, num_digits=3, eval_size=500, seed=0),
         model=ModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=512,
                           max_seq_len=32),
-        sft=SFTConfig(steps=300, global_batch_size=64, micro_batch_size=32, lr=3e-3, warmup_steps=20,
+        sft=SFTConfig(steps=525, global_batch_size=256, micro_batch_size=128, lr=3e-3, warmup_steps=20,
                       nproc=2, save_every=100),
         eval=EvalConfig(num_problems=500, k=4, temperature=1.0, max_new_tokens=8),
         rl=RLConfig(steps=40, prompts_per_step=32, samples_per_prompt=8, max_new_tokens=8, lr=5e-4,
@@ -45,7 +45,7 @@ def tiny_cpu() -> PipelineConfig:
 def tiny_cpu_long() -> PipelineConfig:
     """tiny_cpu with a longer SFT budget: the model gets (nearly) all of the addition task right."""
     base = tiny_cpu()
-    return replace(base, name="tiny_cpu_long", sft=replace(base.sft, steps=1500))
+    return replace(base, name="tiny_cpu_long", sft=replace(base.sft, steps=1000))
 
 
 def tiny_chain() -> PipelineConfig:
@@ -63,7 +63,7 @@ def gpu_single() -> PipelineConfig:
         base,
         name="gpu_single",
         model=replace(base.model, dtype=DType.BF16),
-        sft=replace(base.sft, nproc=1, global_batch_size=64, micro_batch_size=64),
+        sft=replace(base.sft, nproc=1, micro_batch_size=256),
         placement=replace(base.placement, policy_workers=1, gpus_per_worker=0.25),
     )
 
