@@ -219,7 +219,7 @@ class FakePolicyGroup:
             probs = torch.softmax(self.model.table / T, -1)
             entropy = float(-(probs * probs.log()).sum(-1).mean())
         self.version += 1
-        return UpdateStats(policy_version=self.version, loss=float(loss), pg_loss=st.pg_loss,
+        return UpdateStats(policy_version=self.version, loss=float(loss.detach()), pg_loss=st.pg_loss,
                            kl=st.kl, entropy=entropy, clip_fraction=st.clip_fraction,
                            grad_norm=float(grad_norm), weights_checksum=weights_checksum(self.model.state_dict()),
                            compute_s=0.0)

@@ -36,8 +36,9 @@ re-creating actors that die (the run fails and resumes from its last checkpoint)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from posttrain.config import PlacementConfig, PlacementMode
 
@@ -145,11 +146,34 @@ def create_placement_groups(plan: PlacementPlan, *, timeout_s: float = 60.0) -> 
     return pgs
 
 
-def remove_placement_groups(pgs: dict[str, Any]) -> None:
-    from ray.util.placement_group import remove_placement_group
+def remove_placement_groups(pgs: dict[str, Any], *, timeout_s: float = 30.0) -> None:
+    """Remove the groups and wait until Ray reports them removed (removal is asynchronous: a plan made
+    right afterwards would otherwise see their CPUs as still taken)."""
+    import time
+
+    from ray.util.placement_group import placement_group_table, remove_placement_group
 
     for pg in pgs.values():
         remove_placement_group(pg)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(placement_group_table(pg).get("state") != "REMOVED"
+                                              for pg in pgs.values()):
+        time.sleep(0.05)
+
+
+def free_resources(*, min_cpu: float, timeout_s: float = 30.0) -> dict[str, float]:
+    """`ray.available_resources()` once at least `min_cpu` CPUs are free (or the timeout passed): resources of
+    a run that just ended come back asynchronously."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    available = ray.available_resources()
+    while available.get("CPU", 0.0) < min_cpu and time.monotonic() < deadline:
+        time.sleep(0.1)
+        available = ray.available_resources()
+    return available
 
 
 def create_role_actors(worker_cls: type, placement: RolePlacement, pgs: dict[str, Any],
@@ -176,13 +200,26 @@ def create_controller_actor(controller_cls: type, *args: Any) -> Any:
     return ray.remote(controller_cls).options(num_cpus=0, max_restarts=0).remote(*args)
 
 
-def bundle_of(assigned_resources: dict[str, float], pg_id: str) -> int | None:
-    """The bundle index an actor runs in, read from `ray.get_runtime_context().get_assigned_resources()`:
-    Ray names a bundle's resources `CPU_group_<index>_<pg id>`."""
-    for key in assigned_resources:
+def bundle_of(resource_names, pg_id: str) -> int | None:
+    """The bundle index in placement group `pg_id` named by Ray's bundle resources `CPU_group_<index>_<pg id>`."""
+    for key in resource_names:
         parts = key.split("_group_")
         if len(parts) == 2 and parts[1].endswith(pg_id):
             idx = parts[1][: -len(pg_id)].rstrip("_")
             if idx.isdigit():
                 return int(idx)
     return None
+
+
+def current_bundle() -> tuple[str | None, int | None]:
+    """(placement group id, bundle index) of the calling actor, read from inside it.
+
+    NOTE: the public `get_assigned_resources()` folds bundle resources back into plain "CPU"; the core
+    worker's resource ids keep the bundle-indexed names, so this reads those (an internal Ray API)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    pg = ctx.get_placement_group_id()
+    if pg is None:
+        return None, None
+    return pg, bundle_of(ctx.worker.core_worker.resource_ids(), pg)

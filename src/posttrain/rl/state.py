@@ -46,41 +46,48 @@ class PromptSampler:
     """Deterministic, cursor-based prompts: epoch e visits the train split in permutation(seed, e) order.
 
     The cursor (prompts drawn so far) is the whole state: restoring it continues the exact sequence.
-    Prompts are rendered with the model's own chat template (encode_prompt, add_generation_prompt=True).
+    Prompts are rendered once, up front, with the model's own chat template (encode_prompt,
+    add_generation_prompt=True); those longer than `max_prompt_len` are left out (and counted).
     """
 
-    def __init__(self, examples: list[dict], tokenizer, *, prompts_per_step: int, seed: int):
-        if not examples:
-            raise ValueError("prompt sampler: the train split is empty")
-        self.examples, self.tokenizer = examples, tokenizer
+    def __init__(self, examples: list[dict], tokenizer, *, prompts_per_step: int, seed: int,
+                 max_prompt_len: int | None = None):
+        encoded = [(i, encode_prompt(tokenizer, prompt_messages(ex))) for i, ex in enumerate(examples)]
+        if max_prompt_len is not None:  # leave room for the response within the model's max_seq_len
+            kept = [(i, p) for i, p in encoded if len(p) <= max_prompt_len]
+            if len(kept) < len(encoded):
+                print(f"prompt sampler: dropped {len(encoded) - len(kept)} prompts longer than {max_prompt_len} tokens")
+            encoded = kept
+        if not encoded:
+            raise ValueError("prompt sampler: no usable prompts in the train split")
+        self.examples = examples
+        self.rows = [i for i, _ in encoded]
+        """Usable example ids (rows of the train split); the permutation runs over these."""
+        self._encoded = dict(encoded)
         self.prompts_per_step, self.seed, self.cursor = prompts_per_step, seed, 0
         self._perm: tuple[int, torch.Tensor] | None = None
-        self._encoded: dict[int, list[int]] = {}
 
     def _index(self, k: int) -> int:
-        epoch, pos = divmod(k, len(self.examples))
+        epoch, pos = divmod(k, len(self.rows))
         if self._perm is None or self._perm[0] != epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm = (epoch, torch.randperm(len(self.examples), generator=g))
-        return int(self._perm[1][pos])
+            self._perm = (epoch, torch.randperm(len(self.rows), generator=g))
+        return self.rows[int(self._perm[1][pos])]
 
     def next_batch(self, policy_version: int) -> PromptBatch:
         ids = [self._index(k) for k in range(self.cursor, self.cursor + self.prompts_per_step)]
         self.cursor += self.prompts_per_step
-        for i in ids:
-            if i not in self._encoded:
-                self._encoded[i] = encode_prompt(self.tokenizer, prompt_messages(self.examples[i]))
         return PromptBatch(policy_version=policy_version, example_ids=ids, prompt_ids=[self._encoded[i] for i in ids],
                            answers=[self.examples[i].get("answer") for i in ids],
                            tasks=[self.examples[i].get("task") for i in ids])
 
     def state_dict(self) -> dict:
-        return {"cursor": self.cursor, "seed": self.seed, "num_examples": len(self.examples)}
+        return {"cursor": self.cursor, "seed": self.seed, "num_prompts": len(self.rows)}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["num_examples"] != len(self.examples) or state["seed"] != self.seed:
-            raise ValueError(f"prompt sampler: checkpoint was made for {state['num_examples']} examples with seed "
-                             f"{state['seed']}, this run has {len(self.examples)} with seed {self.seed}")
+        if state["num_prompts"] != len(self.rows) or state["seed"] != self.seed:
+            raise ValueError(f"prompt sampler: checkpoint was made for {state['num_prompts']} prompts with seed "
+                             f"{state['seed']}, this run has {len(self.rows)} with seed {self.seed}")
         self.cursor = state["cursor"]
 
 
@@ -94,7 +101,7 @@ def reward_identity(reward_fn: str, tasks: list[str | None]) -> dict:
         from posttrain.rewards import reward_identity as user_identity
 
         return {"kind": "user", **user_identity(reward_fn)}
-    import posttrain.data.verifiers as verifiers
+    from posttrain.data import verifiers
 
     src = Path(verifiers.__file__).read_bytes()
     return {"kind": "verifier", "verifiers": sorted({t for t in tasks if t}),

@@ -18,7 +18,7 @@ Leaves out: how the tensors travel (the role groups do that: a Ray object ref, o
 from __future__ import annotations
 
 import hashlib
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -33,20 +33,17 @@ class WeightDriftError(RuntimeError):
     """Rollout log-probs and policy log-probs of the same tokens disagree beyond rl.drift_threshold."""
 
 
-def _checksum(named_tensors: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over the sorted parameter names and each tensor's fp32 bytes (contiguous, CPU)."""
+def weights_checksum(named_tensors: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over the sorted parameter names, shapes and each tensor's fp32 bytes (contiguous, CPU).
+
+    The one checksum of the package: the policy computes it over what it publishes, every rollout worker
+    over what it holds after loading."""
     h = hashlib.sha256()
     for name in sorted(named_tensors):
         t = named_tensors[name].detach().to("cpu", torch.float32).contiguous()
         h.update(name.encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
         h.update(t.numpy().tobytes())
     return h.hexdigest()
-
-
-try:  # the roles engineer's canonical implementation, when present: one checksum for the whole package
-    from posttrain.rl.checksum import weights_checksum  # noqa: F401
-except ImportError:  # pragma: no cover - depends on which files have landed
-    weights_checksum = _checksum
 
 
 def verify_reports(expected: WeightsHandle, reports: Sequence[WeightReport],

@@ -1,0 +1,176 @@
+"""The Ray entry point of the RL stage: placement + role actors + ONE controller actor, then wait.
+
+    result = run_rl(rl_cfg=..., placement_cfg=..., max_seq_len=32, tracking_cfg=..., start_model_dir=...,
+                    dataset_dir=..., store_root=..., run_id=..., parents=[start_id, dataset_id],
+                    state_dir=..., start_model_id=start_id)
+
+Works where Ray is already initialised (inside the Flyte Ray task, whose pre_execute called `ray.init`);
+otherwise it starts a local Ray sized to this machine and shuts it down afterwards. Steps:
+1. plan placement from `ray.available_resources()` and create the placement groups (fail fast, no hang);
+2. create every role's actors in their bundles (placement.create_role_actors, the one `ray.remote`);
+3. create the controller actor (num_cpus=0) with the actor handles; inside it the role groups, the
+   prompt sampler, the tracker and the checkpointer are built and `Controller.run` resumes and loops;
+4. wait for it with a timeout; a failed run raises the controller's own exception (e.g. StaleWeightsError);
+5. kill the actors and remove the placement groups, whatever happened.
+
+Leaves out: elastic restarts inside one run (a failed run is re-run and resumes from its checkpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from posttrain.artifacts import ArtifactRef
+from posttrain.config import PlacementConfig, RLConfig, TrackingConfig, to_dict
+from posttrain.rl import placement as pl
+from posttrain.rl.metrics import StepMetrics
+
+WAIT_CALLS_PER_STEP = 10
+"""Backstop for the driver's wait: every remote call inside a step already times out after
+rl.remote_timeout_s, and a step makes fewer than this many of them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLResult:
+    model: ArtifactRef
+    """The final policy as a `model` artifact (parents: start model, dataset)."""
+    steps: int
+    """Updates done in total (including those before a resume)."""
+    last_metrics: StepMetrics | None
+    history: list[StepMetrics]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """Everything the controller actor needs besides the actor handles."""
+
+    rl_cfg: RLConfig
+    placement_cfg: PlacementConfig
+    tracking_cfg: TrackingConfig
+    max_seq_len: int
+    start_model_dir: str
+    dataset_dir: str
+    store_root: str
+    run_id: str
+    parents: list[str]
+    state_dir: str
+    start_model_id: str
+
+
+class ControllerActor:
+    """Runs inside Ray: builds the groups around the role actors' handles and drives `Controller`."""
+
+    def __init__(self, spec: RunSpec, handles: dict[str, list]):
+        from posttrain.data.examples import read_examples
+        from posttrain.models.io import load_tokenizer
+        from posttrain.rl.controller import Controller, RoleGroups
+        from posttrain.rl.metrics import RLTracker
+        from posttrain.rl.remote import gather
+        from posttrain.rl.roles.policy import PolicyGroup
+        from posttrain.rl.roles.reference import ReferenceGroup
+        from posttrain.rl.roles.reward import RewardGroup
+        from posttrain.rl.roles.rollout import RolloutGroup
+        from posttrain.rl.state import Checkpointer, PromptSampler, reward_identity
+
+        cfg, t = spec.rl_cfg, spec.rl_cfg.remote_timeout_s
+        ids = {role: gather([h.identity.remote() for h in hs], [f"{role}[{i}]" for i in range(len(hs))],
+                            stage=f"{role}.start", timeout_s=t) for role, hs in handles.items()}
+        policy = PolicyGroup(handles["policy"], ids["policy"], t, cfg.micro_batch_size)
+        policy.setup()  # the SPMD ranks join one torch.distributed group
+        groups = RoleGroups(
+            rollout=RolloutGroup(handles["rollout"], ids["rollout"], t),
+            reward=RewardGroup(handles["reward"], ids["reward"], t),
+            reference=ReferenceGroup(handles["reference"], ids["reference"], t) if "reference" in handles else None,
+            policy=policy)
+        examples = read_examples(spec.dataset_dir, "train")
+        sampler = PromptSampler(examples, load_tokenizer(spec.start_model_dir), prompts_per_step=cfg.prompts_per_step,
+                                seed=cfg.seed, max_prompt_len=spec.max_seq_len - cfg.max_new_tokens)
+        config = {"rl": to_dict(cfg), "placement": to_dict(spec.placement_cfg), "max_seq_len": spec.max_seq_len}
+        self.checkpointer = Checkpointer(
+            state_dir=spec.state_dir, store_root=spec.store_root, run_id=spec.run_id, parents=spec.parents,
+            config=config, extra={"reward": reward_identity(cfg.reward_fn, [e.get("task") for e in examples]),
+                                  "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value})
+        latest = self.checkpointer.latest()
+        tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", run_dir=os.path.join(spec.state_dir, "wandb"),
+                            total=cfg.steps, start=latest.step if latest else 0,
+                            wandb_id=latest.wandb_id if latest else None, config=config)
+        self.controller = Controller(cfg, groups, sampler, tracker, self.checkpointer)
+
+    def ready(self) -> None:
+        """Returns once __init__ is done: every role worker started and the policy group joined."""
+
+    def run(self, steps: int) -> tuple[str, list[StepMetrics]]:
+        history = self.controller.run(steps)
+        return self.controller.model_id, history
+
+
+def default_workers() -> dict[str, type]:
+    """Role -> worker class (a plain dict: tests swap in faulty workers, e.g. a stale rollout worker)."""
+    from posttrain.rl.roles.policy import PolicyWorker
+    from posttrain.rl.roles.reference import ReferenceWorker
+    from posttrain.rl.roles.reward import RewardWorker
+    from posttrain.rl.roles.rollout import RolloutWorker
+
+    return {"rollout": RolloutWorker, "reward": RewardWorker, "reference": ReferenceWorker, "policy": PolicyWorker}
+
+
+def run_rl(*, rl_cfg: RLConfig, placement_cfg: PlacementConfig, max_seq_len: int, tracking_cfg: TrackingConfig,
+           start_model_dir, dataset_dir, store_root: str, run_id: str, parents: list[str], state_dir,
+           start_model_id: str, placement_timeout_s: float = 120.0, workers: dict[str, type] | None = None) -> RLResult:
+    import ray
+
+    workers = {**default_workers(), **(workers or {})}
+    started_ray = not ray.is_initialized()
+    if started_ray:  # no Flyte Ray task around us: a local Ray with one logical CPU per core
+        ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=True,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    model_dir, cfg = str(start_model_dir), rl_cfg
+    available = pl.free_resources(min_cpu=min(1.0, ray.cluster_resources().get("CPU", 1.0)))
+    plan = pl.plan_placement(placement_cfg, with_reference=cfg.kl_coef > 0, available=available)
+    print(f"rl: {plan.describe()}", flush=True)
+    pgs, actors = {}, []
+    try:
+        pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
+        roles = plan.roles
+        n = {r: len(p.bundle_indices) for r, p in roles.items()}
+        init_args = {  # role -> constructor arguments of its rank-th worker
+            "rollout": lambda rank: (model_dir, rank, n["rollout"]),
+            "reward": lambda rank: (cfg.reward_fn, cfg.reward_timeout_s, rank, n["reward"]),
+            "reference": lambda rank: (model_dir, rank, n["reference"]),
+            "policy": lambda rank: (model_dir, cfg, rank, n["policy"]),
+        }
+        handles = {role: pl.create_role_actors(workers[role], roles[role], pgs, init_args[role]) for role in roles}
+        actors = [h for hs in handles.values() for h in hs]
+        spec = RunSpec(rl_cfg=cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg, max_seq_len=max_seq_len,
+                       start_model_dir=model_dir, dataset_dir=str(dataset_dir), store_root=str(store_root),
+                       run_id=run_id, parents=list(parents), state_dir=str(state_dir), start_model_id=start_model_id)
+        controller = pl.create_controller_actor(ControllerActor, spec, handles)
+        actors.append(controller)
+        t0 = time.perf_counter()
+        timeout = cfg.remote_timeout_s * (WAIT_CALLS_PER_STEP * (cfg.steps + 1))
+        try:
+            ray.get(controller.ready.remote(), timeout=cfg.remote_timeout_s * WAIT_CALLS_PER_STEP)
+            print(f"rl: {len(actors) - 1} role actors and the controller started in {time.perf_counter() - t0:.1f}s",
+                  flush=True)
+            model_id, history = ray.get(controller.run.remote(cfg.steps), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"rl: the controller did not start or finish {cfg.steps} steps within "
+                               f"{timeout:.0f}s") from None
+        except ray.exceptions.RayTaskError as e:  # surface the controller's own exception type and message
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, Exception):
+                raise cause from e
+            raise
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        if pgs:
+            pl.remove_placement_groups(pgs)
+        if started_ray:
+            ray.shutdown()
+    from posttrain.artifacts import ArtifactStore
+
+    model = ArtifactStore(store_root).ref(model_id)
+    return RLResult(model=model, steps=len(history), last_metrics=history[-1] if history else None, history=history)
