@@ -36,8 +36,8 @@ def tiny_cpu() -> PipelineConfig:
         sft=SFTConfig(steps=525, global_batch_size=256, micro_batch_size=128, lr=3e-3, warmup_steps=20,
                       nproc=2, save_every=100),
         eval=EvalConfig(num_problems=500, k=4, temperature=1.0, max_new_tokens=8),
-        rl=RLConfig(steps=40, prompts_per_step=32, samples_per_prompt=8, max_new_tokens=8, lr=5e-4,
-                    inner_epochs=2, checkpoint_every=20),
+        rl=RLConfig(steps=60, prompts_per_step=64, samples_per_prompt=8, max_new_tokens=8, lr=3e-5,
+                    inner_epochs=1, checkpoint_every=20),
         placement=PlacementConfig(policy_workers=2, rollout_workers=1),
     )
 

@@ -52,7 +52,7 @@ def test_task_definition_settings_are_checked_against_the_config(home):
     from workflows.pipeline import data_pipeline
 
     with pytest.raises(Exception) as e:
-        data_pipeline(recipe="tiny_cpu", overrides='{"sft": {"nproc": 4, "global_batch_size": 128}}')
+        data_pipeline(recipe="tiny_cpu", overrides='{"sft": {"nproc": 4, "global_batch_size": 512}}')
     assert "sft.nproc" in str(e.value) and "POSTTRAIN_SFT_NPROC" in str(e.value)
 
 

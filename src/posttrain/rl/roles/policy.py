@@ -103,7 +103,7 @@ class PolicyWorker:
                     with torch.no_grad():
                         ent = entropy_from_logits(logits.detach(), cfg.temperature)
                     k = st.tokens
-                    sums["loss"] += float(loss)
+                    sums["loss"] += float(loss.detach())
                     sums["pg"] += st.pg_loss * k
                     sums["kl"] += st.kl * k
                     sums["clip"] += st.clip_fraction * k
