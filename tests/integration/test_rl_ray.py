@@ -156,12 +156,14 @@ def test_stale_rollout_worker_stops_the_run(ray_local, tiny_sft_model, tmp_path)
     _assert_released(ray_local)
 
 
-RL_RECIPE = RLConfig(steps=int(os.environ.get("POSTTRAIN_RL_TEST_STEPS", "60")), prompts_per_step=64,
-                     samples_per_prompt=8, max_new_tokens=8, lr=3e-5, inner_epochs=1, kl_coef=0.0,
-                     checkpoint_every=0, remote_timeout_s=120)
-"""The tiny_cpu RL settings (measured on the default SFT model: greedy 0.648 -> 0.682, sampled 0.401 -> 0.423)."""
+RL_RECIPE = RLConfig(steps=int(os.environ.get("POSTTRAIN_RL_TEST_STEPS", "120")), prompts_per_step=32,
+                     samples_per_prompt=8, max_new_tokens=8, lr=1e-4, inner_epochs=1, kl_coef=0.0,
+                     std_normalize=False, checkpoint_every=0, remote_timeout_s=120)
+"""Best of the settings measured on a mid-transition tiny checkpoint (see the RL report): lr >= 3e-4 collapses
+the policy within ~10 steps (fresh AdamW moves every weight by ~lr per step), lr <= 5e-5 barely moves it."""
 
 
+@pytest.mark.timeout(1200)
 def test_rl_raises_held_out_accuracy(ray_local, tiny_sft_model, tmp_path):
     from posttrain.eval import evaluate
 
