@@ -56,6 +56,7 @@ def test_sampling_is_seeded_and_follows_the_tempered_distribution(model):
         assert abs(c / n - float(probs[tok])) < 0.03
 
 
+@pytest.mark.timeout(900)
 def test_evaluation_metrics(tmp_path, tiny_sft_model):
     from posttrain.config import EvalConfig
     from posttrain.eval import EvalReport, evaluate
