@@ -112,6 +112,9 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
         if rank != 0:
             return None
         parents = [dataset.id] + ([tokenizer.id] if tokenizer else [])
+        if base_dir is not None:  # the user's model folder becomes an artifact too, so lineage reaches it
+            parents.append(store.put("model", f"base-{base_dir.name}", base_dir, run_id=run_id, parents=[],
+                                     config={"base_path": str(base_dir)}, extra={"stage": "base"}).id)
         ref = store.put("model", f"sft-{dataset.name}", out_dir, run_id=run_id, parents=parents,
                         config={"model": to_dict(model), "sft": to_dict(sft_cfg)}, metrics=metrics,
                         extra={"base_model": str(base_dir) if base_dir else None, "stage": "sft"},
