@@ -167,6 +167,11 @@ class Checkpointer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         policy.save(str(tmp / "model"))
+        # Provenance inside the content: an RL checkpoint is its own artifact even when its weights equal the
+        # start model's (e.g. every reward was 0, so nothing moved) - otherwise content addressing would fold
+        # it into the start model and its lineage would be lost. Deterministic: no timestamps.
+        (tmp / "model" / "posttrain_rl.json").write_text(json.dumps(
+            {"parents": self.parents, "step": step, "policy_version": policy_version}, sort_keys=True) + "\n")
         policy.save_state(str(tmp / "policy"))
         ref = self.store.put("model", f"{self.name}-step{step}", tmp / "model", run_id=self.run_id,
                              parents=self.parents, config=self.config, metrics=history[-1] if history else {},
