@@ -37,6 +37,7 @@ print("RESULT " + json.dumps({"model": res.model.id, "steps": res.steps,
 """
 
 
+@pytest.mark.timeout(900)
 def test_sigkill_after_first_checkpoint_then_resume(ray_local, tiny_sft_model, tmp_path):
     from posttrain.artifacts import ArtifactStore
 

@@ -23,6 +23,7 @@ from posttrain.rl.metrics import StepMetrics
 from posttrain.rl.state import Checkpointer
 from posttrain.rl.weight_sync import StaleWeightsError, WeightDriftError
 
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """The fake model's ops are tiny: intra-op threads only add contention on a shared 2-core machine."""
