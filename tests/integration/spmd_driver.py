@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 

@@ -125,11 +125,12 @@ def test_chat_role_errors_and_empty_results(tmp_path):
 
 def test_deterministic_split_dedupe_and_fingerprint(tmp_path):
     cfg = DataConfig(num_examples=3000, eval_size=200, num_digits=2)
-    a, b = prepare_dataset(cfg, tmp_path / "a"), prepare_dataset(cfg, tmp_path / "b")
+    a = prepare_dataset(cfg, tmp_path / "a")
+    prepare_dataset(cfg, tmp_path / "b")
     for f in ("train.jsonl", "eval.jsonl", "info.json"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
     assert a.num_duplicates > 0 and a.num_train + a.num_eval + a.num_duplicates == 3000
-    c = prepare_dataset(DataConfig(num_examples=3000, eval_size=200, num_digits=2, seed=1), tmp_path / "c")
+    prepare_dataset(DataConfig(num_examples=3000, eval_size=200, num_digits=2, seed=1), tmp_path / "c")
     assert (tmp_path / "a" / "eval.jsonl").read_bytes() != (tmp_path / "c" / "eval.jsonl").read_bytes()
     ev = {json.dumps(e["messages"]) for e in read_examples(tmp_path / "a", "eval")}
     assert not ev & {json.dumps(e["messages"]) for e in read_examples(tmp_path / "a", "train")}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import socket
 import time
 from pathlib import Path
