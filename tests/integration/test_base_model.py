@@ -29,7 +29,7 @@ print("MODEL", ref.id)
 """
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)  # the first user of the shared fixture trains it (a few minutes)
 def test_sft_from_a_local_model_folder_records_it_as_a_parent(tmp_path, tiny_sft_model):
     from posttrain.artifacts import ArtifactStore
     from posttrain.models.io import load_model
