@@ -18,17 +18,7 @@ from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.eval.report import EvalReport
 from posttrain.models.generate import generate
 from posttrain.models.io import load_model, load_tokenizer
-
-
-def load_scorer(path: str):
-    """Import `module:function` (never eval)."""
-    import importlib
-
-    mod, _, fn = path.partition(":")
-    try:
-        return getattr(importlib.import_module(mod), fn)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"reward_fn: cannot import {path!r}: {e}") from None
+from posttrain.rewards import load_reward_fn
 
 
 def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, *, device: str = "cpu") -> EvalReport:
@@ -39,7 +29,7 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, *,
         problems = problems[: cfg.num_problems]
     if not problems:
         raise ValueError(f"{dataset_dir}: the eval split has no problems with a reference answer to score")
-    user_fn = load_scorer(cfg.reward_fn) if cfg.reward_fn else None
+    user_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
 
     def correct(text: str, ex: dict) -> bool:
         if user_fn is not None:
