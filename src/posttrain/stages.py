@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +191,3 @@ def _local_state_dir(store: ArtifactStore, stage: str, key: str) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
 
-
-def clear_state(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

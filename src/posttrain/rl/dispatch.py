@@ -51,6 +51,12 @@ def contiguous_partition(n: int, k: int) -> list[list[int]]:
     return [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
 
 
+def split_even(n: int, k: int) -> list[tuple[int, int]]:
+    """The plain split as (lo, hi) ranges, empty ones dropped: for stages that must keep order and GRPO groups
+    together (rollout, reward), where token balance does not apply."""
+    return [(p[0], p[-1] + 1) for p in contiguous_partition(n, k) if p]
+
+
 @dataclass(frozen=True)
 class Sharded(Generic[T]):
     shards: list[list[T]]

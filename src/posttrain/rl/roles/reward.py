@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from posttrain.data import verifiers
-from posttrain.dispatch_util import split_even
+from posttrain.rl.dispatch import split_even
 from posttrain.rewards import RewardSandbox
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import single_threaded, where, worker_identity

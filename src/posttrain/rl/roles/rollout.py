@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from posttrain.dispatch_util import split_even
+from posttrain.rl.dispatch import split_even
 from posttrain.models.generate import Generation, generate
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.remote import gather
