@@ -50,7 +50,7 @@ def test_full_step_types_versions_and_metrics():
     assert isinstance(m1, StepMetrics) and (m1.step, m1.policy_version, m2.policy_version) == (1, 1, 2)
     assert c.groups.rollout.version == 2 and c.groups.policy.version == 2
     assert set(m1.phase_s) == {"rollout", "drift", "reward", "reference", "advantages", "update", "sync"}
-    assert set(m1.compute_s) == {"rollout", "reward", "reference", "update"}
+    assert set(m1.compute_s) == {"rollout", "drift", "reward", "reference", "update"}
     assert 0.0 <= m1.accuracy <= 1.0 and m1.reward_failures == 0 and m1.drift < 1e-5
     assert m1.generated_tokens > 0 and m1.response_len_mean > 0 and m1.kl >= 0.0
     assert 0.0 <= m1.orchestration_overhead <= 1.0  # fakes report 0 worker seconds: all controller time

@@ -101,7 +101,7 @@ class Controller:
         # policy on identical weights - it checks the previous step's weight sync end to end.
         t = clock()
         policy_lp = g.policy.log_probs(traj, temperature=cfg.temperature)
-        drift = check_drift(traj.logprobs, policy_lp, version=v, threshold=cfg.drift_threshold,
+        drift = check_drift(traj.logprobs, policy_lp.values, version=v, threshold=cfg.drift_threshold,
                             rollout_workers=g.rollout.identities())
         phase["drift"] = clock() - t
 
@@ -139,7 +139,8 @@ class Controller:
 
         self.version, self.step_count = stats.policy_version, self.step_count + 1
         step_s = time.perf_counter() - t_step
-        compute = {"rollout": traj.compute_s, "reward": rewards.compute_s, "update": stats.compute_s}
+        compute = {"rollout": traj.compute_s, "drift": policy_lp.compute_s, "reward": rewards.compute_s,
+                   "update": stats.compute_s}
         if ref is not None:
             compute["reference"] = ref.compute_s
         scores = rewards.scores

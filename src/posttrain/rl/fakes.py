@@ -32,8 +32,8 @@ from posttrain.rl.algorithms.grpo import policy_loss
 from posttrain.rl.controller import RoleGroups
 from posttrain.rl.state import PromptSampler
 from posttrain.rl.types import (
+    LogProbs,
     PromptBatch,
-    RefLogProbs,
     Rewards,
     TrainBatch,
     Trajectories,
@@ -178,10 +178,10 @@ class FakeReferenceGroup:
         return [_ident("reference")]
 
     @torch.no_grad()
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> RefLogProbs:
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
         vals = [self.model.response_logprobs(p, r, temperature).tolist()
                 for p, r in zip(trajectories.prompt_ids, trajectories.response_ids)]
-        return RefLogProbs(policy_version=trajectories.policy_version, values=vals, compute_s=0.0)
+        return LogProbs(policy_version=trajectories.policy_version, values=vals, compute_s=0.0)
 
 
 class FakePolicyGroup:
@@ -196,9 +196,10 @@ class FakePolicyGroup:
         return [_ident("policy")]
 
     @torch.no_grad()
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> list[list[float]]:
-        return [self.model.response_logprobs(p, r, temperature).tolist()
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
+        vals = [self.model.response_logprobs(p, r, temperature).tolist()
                 for p, r in zip(trajectories.prompt_ids, trajectories.response_ids)]
+        return LogProbs(policy_version=self.version, values=vals, compute_s=0.0)
 
     def update(self, batch: TrainBatch) -> UpdateStats:
         if batch.policy_version != self.version:

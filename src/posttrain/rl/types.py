@@ -1,9 +1,9 @@
 """Typed handoffs between the RL stages, and the Protocol each role group implements.
 
     PromptBatch --rollout--> Trajectories --reward--> Rewards
-         Trajectories --reference--> RefLogProbs          (only when kl_coef > 0)
+         Trajectories --reference--> LogProbs             (only when kl_coef > 0)
          Rewards --grpo.group_advantages--> Advantages
-         Trajectories + Advantages (+ RefLogProbs) --> TrainBatch --policy--> UpdateStats
+         Trajectories + Advantages (+ LogProbs) -->    TrainBatch --policy--> UpdateStats
          policy --WeightsHandle--> rollout workers --WeightReport--> controller (version + checksum check)
 
 Every record is frozen and carries the policy version that produced it, so a stale batch or a stale
@@ -81,10 +81,12 @@ class Rewards:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RefLogProbs:
+class LogProbs:
     policy_version: int
+    """Version of the trajectories they were computed for."""
     values: list[list[float]]
-    """(B, response_len_i) log-probs of the frozen reference model (temperature-scaled like the rollout)."""
+    """(B, response_len_i) teacher-forced log-probs of the trajectories' tokens (temperature-scaled like the
+    rollout) under the frozen reference model, or under the current policy for the drift check."""
     compute_s: float
 
 
@@ -166,13 +168,13 @@ class RewardGroup(Protocol):
 class ReferenceGroup(Protocol):
     def identities(self) -> list[WorkerId]: ...
 
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> RefLogProbs: ...
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs: ...
 
 
 class PolicyGroup(Protocol):
     def identities(self) -> list[WorkerId]: ...
 
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> list[list[float]]:
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
         """Teacher-forced log-probs of the current policy for the same tokens (drift check)."""
         ...
 

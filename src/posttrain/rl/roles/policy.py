@@ -31,8 +31,15 @@ from posttrain.rl import dispatch
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import single_threaded, where, worker_identity
-from posttrain.rl.types import TrainBatch, Trajectories, UpdateStats, WeightsHandle, WorkerId
+from posttrain.rl.types import LogProbs, TrainBatch, Trajectories, UpdateStats, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
+
+
+def warmup_scale(version: int, warmup_steps: int) -> float:
+    """Learning-rate factor for the update that turns policy `version` into `version + 1`: linear warm-up over
+    the first `warmup_steps` updates, then 1. A function of the version alone, so a resumed run continues the
+    same schedule."""
+    return 1.0 if warmup_steps <= 0 else min(1.0, (version + 1) / warmup_steps)
 
 
 class PolicyWorker:
@@ -54,9 +61,18 @@ class PolicyWorker:
         return where()
 
     def master_address(self) -> tuple[str, int]:
+        """This node's address (as Ray knows it, so ranks on other nodes can reach it) and a free port."""
+        host = "127.0.0.1"
+        try:
+            import ray
+
+            if ray.is_initialized():
+                host = ray.util.get_node_ip_address()
+        except ImportError:
+            pass
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return "127.0.0.1", s.getsockname()[1]
+            s.bind((host, 0))
+            return host, s.getsockname()[1]
 
     def setup_process_group(self, addr: str, port: int, timeout_s: float) -> None:
         """Join the policy group (every rank calls this at once; it blocks until all have joined)."""
@@ -66,12 +82,13 @@ class PolicyWorker:
                                     world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))
         self.ddp = torch.nn.parallel.DistributedDataParallel(self.model)
 
-    def log_probs(self, prompt_ids, response_ids, temperature: float) -> list[list[float]]:
+    def log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
+        t0 = time.perf_counter()
         self.model.eval()
         lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
                                pad_id=self.tok.pad_token_id)
         self.model.train()
-        return [x.tolist() for x in lp]
+        return [x.tolist() for x in lp], time.perf_counter() - t0
 
     def update(self, shard: TrainBatch, global_tokens: int, global_seqs: int, n_micro: int) -> dict:
         if shard.policy_version != self.version:
@@ -110,11 +127,17 @@ class PolicyWorker:
                     sums["tok"] += k
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+            self._set_lr()
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         self.version += 1
         return {**sums, "grad_norm": grad_norm, "version": self.version,
                 "checksum": weights_checksum(self.model.state_dict()), "compute_s": time.perf_counter() - t0}
+
+    def _set_lr(self) -> None:
+        scale = warmup_scale(self.version, self.cfg.warmup_steps)
+        for g in self.opt.param_groups:
+            g["lr"] = g.setdefault("base_lr", g["lr"]) * scale
 
     def checksum(self) -> str:
         return weights_checksum(self.model.state_dict())
@@ -165,13 +188,15 @@ class PolicyGroup:
         refs = [w.setup_process_group.remote(addr, port, self.timeout_s) for w in self.workers]
         gather(refs, self.ids, stage="policy.setup", timeout_s=self.timeout_s)
 
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> list[list[float]]:
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
         t = trajectories
         lengths = [len(p) + len(r) for p, r in zip(t.prompt_ids, t.response_ids)]
         sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
         refs = [w.log_probs.remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx], temperature)
                 for w, idx in zip(self.workers, sh.indices)]
-        return dispatch.merge(sh, gather(refs, self.ids, stage="policy.log_probs", timeout_s=self.timeout_s))
+        results = gather(refs, self.ids, stage="policy.log_probs", timeout_s=self.timeout_s)
+        return LogProbs(policy_version=self.version, values=dispatch.merge(sh, [r[0] for r in results]),
+                        compute_s=max(r[1] for r in results))
 
     def update(self, batch: TrainBatch) -> UpdateStats:
         lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]

@@ -10,7 +10,7 @@ from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import single_threaded, where, worker_identity
-from posttrain.rl.types import RefLogProbs, Trajectories, WorkerId
+from posttrain.rl.types import LogProbs, Trajectories, WorkerId
 
 
 class ReferenceWorker:
@@ -39,12 +39,12 @@ class ReferenceGroup:
     def identities(self) -> list[WorkerId]:
         return list(self.ids)
 
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> RefLogProbs:
+    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
         t = trajectories
         lengths = [len(p) + len(r) for p, r in zip(t.prompt_ids, t.response_ids)]
         sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
         refs = [w.log_probs.remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx], temperature)
                 for w, idx in zip(self.workers, sh.indices)]
         results = gather(refs, self.ids, stage="reference.log_probs", timeout_s=self.timeout_s)
-        return RefLogProbs(policy_version=t.policy_version, values=dispatch.merge(sh, [r[0] for r in results]),
+        return LogProbs(policy_version=t.policy_version, values=dispatch.merge(sh, [r[0] for r in results]),
                            compute_s=max(r[1] for r in results))
