@@ -26,18 +26,21 @@ from posttrain.config import (
 
 
 def tiny_cpu() -> PipelineConfig:
-    """The embedded default: a ~0.4M-parameter Llama trained from scratch on 3-digit addition, on a 2-core
-    CPU in minutes. The SFT budget deliberately leaves the model partly right so RL has room to improve."""
+    """The embedded default: a ~0.56M-parameter Llama trained from scratch on 3-digit addition, on a 2-core
+    CPU in minutes. The SFT budget deliberately stops just past the sharp rise in accuracy (measured: 400 steps
+    0.21, 450 steps 0.72, 525 steps 0.79 greedy), where many problems are solved by some samples but not by
+    the greedy answer (pass@4 0.84), so the verifiable reward has something to teach. From 525 steps
+    (pass@4 0.81, barely above greedy) the same RL raised sampled accuracy by +0.044 and greedy not at all."""
     return PipelineConfig(
         name="tiny_cpu",
         data=DataConfig(task="addition", num_examples=20000, num_digits=3, eval_size=500, seed=0),
         model=ModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=512,
                           max_seq_len=32),
-        sft=SFTConfig(steps=525, global_batch_size=256, micro_batch_size=128, lr=3e-3, warmup_steps=20,
+        sft=SFTConfig(steps=450, global_batch_size=256, micro_batch_size=128, lr=3e-3, warmup_steps=20,
                       nproc=2, save_every=100),
         eval=EvalConfig(num_problems=500, k=4, temperature=1.0, max_new_tokens=8),
-        rl=RLConfig(steps=60, prompts_per_step=64, samples_per_prompt=8, max_new_tokens=8, lr=3e-5,
-                    inner_epochs=1, checkpoint_every=20),
+        rl=RLConfig(steps=160, prompts_per_step=128, samples_per_prompt=8, max_new_tokens=8, lr=5e-5,
+                    warmup_steps=10, inner_epochs=1, checkpoint_every=40),
         placement=PlacementConfig(policy_workers=2, rollout_workers=1),
     )
 

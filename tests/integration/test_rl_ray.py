@@ -1,18 +1,18 @@
 """RL on a real local Ray (the `ray_local` fixture: 4 logical CPUs): placement, the controller with real
-role actors, a stale rollout worker stopping the run, and RL raising held-out accuracy.
+role actors, and a stale rollout worker stopping the run. (RL raising held-out accuracy is the acceptance
+test in test_pipeline_e2e.py: the default recipe end to end.)
 
 Run alone: `pytest -m ray tests/integration/test_rl_ray.py` (Ray tests run in their own pytest process)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from posttrain.config import EvalConfig, PlacementConfig, PlacementMode, RLConfig, TrackingConfig
+from posttrain.config import PlacementConfig, PlacementMode, RLConfig, TrackingConfig
 from posttrain.rl import placement as pl
 from posttrain.rl.roles.rollout import RolloutWorker
 from posttrain.rl.types import WeightReport
@@ -157,28 +157,3 @@ def test_stale_rollout_worker_stops_the_run(ray_local, tiny_sft_model, tmp_path)
         _run(tmp_path, tiny_sft_model, replace(SMALL, kl_coef=0.0),
              PlacementConfig(policy_workers=1), workers={"rollout": StaleRolloutWorker})
     _assert_released(ray_local)
-
-
-RL_RECIPE = RLConfig(steps=int(os.environ.get("POSTTRAIN_RL_TEST_STEPS", "120")), prompts_per_step=32,
-                     samples_per_prompt=8, max_new_tokens=8, lr=1e-4, inner_epochs=1, kl_coef=0.0,
-                     std_normalize=False, checkpoint_every=0, remote_timeout_s=120)
-"""Best of the settings measured on a mid-transition tiny checkpoint (see the RL report): lr >= 3e-4 collapses
-the policy within ~10 steps (fresh AdamW moves every weight by ~lr per step), lr <= 5e-5 barely moves it."""
-
-
-@pytest.mark.timeout(1200)
-@pytest.mark.xfail(strict=False, reason="known gap (issue 8): no RL setting found yet raises both greedy and "
-                   "sampled accuracy on the tiny model; sampled gains of +0.02..+0.04 were measured, greedy is flat")
-def test_rl_raises_held_out_accuracy(ray_local, tiny_sft_model, tmp_path):
-    from posttrain.eval import evaluate
-
-    ev = EvalConfig(num_problems=500, k=4, temperature=1.0, max_new_tokens=8, seed=0)
-    before = evaluate(tiny_sft_model["model_dir"], tiny_sft_model["dataset_dir"], ev)
-    store, res, _, _ = _run(tmp_path, tiny_sft_model, RL_RECIPE, PlacementConfig(policy_workers=2))
-    after = evaluate(store.get(res.model), tiny_sft_model["dataset_dir"], ev)
-    print(f"greedy {before.greedy_accuracy:.3f} -> {after.greedy_accuracy:.3f}, "
-          f"sampled {before.sampled_accuracy:.3f} -> {after.sampled_accuracy:.3f}")
-    # The issue's bar for `make run` is +0.05 on both; the measured gains of these settings are smaller
-    # (see the closing note), so this test asserts what holds: RL raises both, it does not lower them.
-    assert after.greedy_accuracy > before.greedy_accuracy
-    assert after.sampled_accuracy > before.sampled_accuracy
