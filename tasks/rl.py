@@ -4,7 +4,9 @@ flytekitplugins-ray's `pre_execute` connects to Ray (`ray.init`): in local execu
 this process (worker groups ignored, actors sized to the node's CPUs by posttrain.rl.placement); on a
 cluster a KubeRay RayJob with a head and two worker groups named after roles - `rollout` (generation) and
 `train` (the SPMD policy group; reference and reward share it). Their replica counts are fixed when the task
-is defined (tasks/settings.py) and `plan` checks them against `placement.*_workers`.
+is defined (tasks/settings.py) and `plan` checks them against `placement.*_workers`. Each group's nodes
+advertise a custom resource named after the group, which posttrain.rl.placement's bundles ask a sliver of,
+so every role's actors land on their group's pods.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import PlacementConfig, RLConfig, TrackingConfig
+from posttrain.rl.placement import group_resource_start_params
 from tasks import settings
 
 ray_config = RayJobConfig(
@@ -22,8 +25,10 @@ ray_config = RayJobConfig(
                                     requests=Resources(cpu="1", mem="2Gi")),
     worker_node_config=[
         WorkerNodeConfig(group_name="rollout", replicas=settings.RAY_ROLLOUT_REPLICAS,
+                         ray_start_params=group_resource_start_params("rollout"),
                          requests=Resources(cpu="2", mem="4Gi")),
         WorkerNodeConfig(group_name="train", replicas=settings.RAY_TRAIN_REPLICAS,
+                         ray_start_params=group_resource_start_params("train"),
                          requests=Resources(cpu="2", mem="4Gi")),
     ],
     shutdown_after_job_finishes=True,

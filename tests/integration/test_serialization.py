@@ -54,6 +54,10 @@ def test_single_node_elastic_and_ray_worker_groups():
     assert rl["type"] == "ray"
     groups = {g["groupName"]: g["replicas"] for g in rl["custom"]["rayCluster"]["workerGroupSpec"]}
     assert groups == {"rollout": 1, "train": 2}
+    # each group advertises the custom resource that placement pins its roles' bundles to
+    params = {g["groupName"]: g["rayStartParams"] for g in rl["custom"]["rayCluster"]["workerGroupSpec"]}
+    assert {g: json.loads(p["resources"].strip("'")) for g, p in params.items()} == {
+        "rollout": {"rollout": 1000}, "train": {"train": 1000}}
     sched = out["launch_plan"]["spec"]["entityMetadata"]["schedule"]
     assert sched["cronSchedule"]["schedule"] == "0 3 * * *"
 

@@ -22,11 +22,12 @@ How roles map to KubeRay worker groups
 The Ray task (tasks/rl.py) defines two worker groups: `rollout` (generation) and `train` (the SPMD policy
 ranks; the reference and reward workers share it), plus the head, which runs only the controller actor
 (num_cpus=0). Placement groups pin roles to those pods through a custom resource named after the worker
-group: start the group's Ray nodes with `ray_start_params={"resources": '{"rollout": 1000}'}` (resp.
-`"train"`), and every bundle of a role asks for a sliver (0.001) of its group's resource - in SPLIT mode
-rollout bundles then land on `rollout` pods and policy/reference/reward bundles on `train` pods; in
-COLOCATED mode the shared bundles ask for `train`. When the cluster advertises no such resource (local
-execution: a single node, worker groups ignored) the bundles carry no such constraint. Each bundle must
+group: the task starts each group's Ray nodes advertising 1000 units of it (`group_resource_start_params`:
+`ray_start_params={"resources": '{"rollout": 1000}'}`, resp. `"train"`), and every bundle of a role asks for
+a sliver (0.001) of its group's resource - in SPLIT mode rollout bundles then land on `rollout` pods and
+policy/reference/reward bundles on `train` pods; in COLOCATED mode the shared bundles ask for `train`. When the
+cluster advertises no such resource (local execution: a single node, worker groups ignored) the bundles carry
+no such constraint. Each bundle must
 fit on one node: keep per-node pods at least as large as the largest bundle.
 
 Leaves out: multi-GPU tensor-parallel rollout engines (one bundle per worker), autoscaling, and
@@ -35,6 +36,7 @@ re-creating actors that die (the run fails and resumes from its last checkpoint)
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +48,14 @@ ROLES = ("rollout", "reward", "reference", "policy")
 KUBERAY_GROUP = {"rollout": "rollout", "policy": "train", "reference": "train", "reward": "train"}
 """Role -> the Ray worker group (custom resource) its bundles ask for on a cluster."""
 GROUP_RESOURCE_SLIVER = 0.001
+GROUP_RESOURCE_PER_NODE = 1000
+"""Units of its group's custom resource each worker-group node advertises (tasks/rl.py): room for 1e6 bundles."""
+
+
+def group_resource_start_params(group: str) -> dict[str, str]:
+    """`ray start` parameters for a KubeRay worker group's nodes: advertise the custom resource named after the
+    group, which every bundle of the roles mapped to it asks a sliver of (the value is a quoted JSON string)."""
+    return {"resources": "'" + json.dumps({group: GROUP_RESOURCE_PER_NODE}) + "'"}
 
 
 class PlacementError(RuntimeError):
