@@ -27,8 +27,8 @@ group: the task starts each group's Ray nodes advertising 1000 units of it (`gro
 a sliver (0.001) of its group's resource - in SPLIT mode rollout bundles then land on `rollout` pods and
 policy/reference/reward bundles on `train` pods; in COLOCATED mode the shared bundles ask for `train`. When the
 cluster advertises no such resource (local execution: a single node, worker groups ignored) the bundles carry
-no such constraint. Each bundle must
-fit on one node: keep per-node pods at least as large as the largest bundle.
+no such constraint. Each bundle must fit on one node: keep per-node pods at least as large as the largest
+bundle.
 
 Leaves out: multi-GPU tensor-parallel rollout engines (one bundle per worker), autoscaling, and
 re-creating actors that die (the run fails and resumes from its last checkpoint).
