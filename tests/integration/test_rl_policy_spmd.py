@@ -1,6 +1,8 @@
 """One GRPO update by the real SPMD policy group (2 Ray actors, one gloo group, token-balanced shards,
 micro-batches with no_sync, 2 inner epochs) equals the same update computed in ONE process on the whole batch
-with the plain building blocks: same loss, same gradient norm, same weights afterwards.
+with the plain building blocks: same loss, same gradient norm, same weights afterwards. Once on a hand-made
+batch (skewed lengths, off-policy old log-probs, a KL term), once on the batch a real controller step built
+from real rollout and reward actors.
 
 A missing world-size factor, a per-shard instead of global normaliser, a dropped micro-batch or shard, or
 a wrong merge changes the gradient norm or the weights, and this test fails."""
@@ -18,7 +20,11 @@ from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.models.generate import forward_response_logits, sequence_logprobs, token_logprobs
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.algorithms import grpo
+from posttrain.rl.controller import Controller, RoleGroups
 from posttrain.rl.roles.policy import PolicyGroup, PolicyWorker
+from posttrain.rl.roles.reward import RewardGroup, RewardWorker
+from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
+from posttrain.rl.state import PromptSampler
 from posttrain.rl.types import TrainBatch
 
 pytestmark = pytest.mark.ray
@@ -59,11 +65,11 @@ def _single_process_update(model_dir: str, b: TrainBatch, cfg: RLConfig):
         logp = token_logprobs(logits, targets, cfg.temperature)
         loss, _ = grpo.policy_loss(logp, _pad(b.old_logprobs, logp.shape), torch.tensor(b.advantages), mask,
                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, loss_agg=cfg.loss_agg,
-                                   ref_logp=_pad(b.ref_logprobs, logp.shape), kl_coef=cfg.kl_coef,
+                                   ref_logp=_pad(b.ref_logprobs, logp.shape) if b.ref_logprobs else None, kl_coef=cfg.kl_coef,
                                    kl_estimator=cfg.kl_estimator)
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))))
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         opt.step()
         opt.zero_grad()
     return losses, norms, {k: v.detach() for k, v in model.state_dict().items()}
@@ -81,20 +87,24 @@ def test_two_rank_update_equals_single_process_update(ray_local, tiny_sft_model,
     actor = ray.remote(PolicyWorker).options(num_cpus=1)
     workers = [actor.remote(model_dir, cfg, rank, 2) for rank in range(2)]
     try:
-        ids = ray.get([w.identity.remote() for w in workers], timeout=120)
+        ids = ray.get([w.identity.remote() for w in workers], timeout=300)
         group = PolicyGroup(workers, ids, timeout_s=120, micro_batch_size=cfg.micro_batch_size)
         group.setup()
         stats = group.update(batch)  # 12 sequences per rank -> 3 micro-batches each, 2 optimizer steps
-        spmd_weights = ray.get(workers[0].state_dict.remote(), timeout=120)
+        spmd_weights = ray.get(workers[0].state_dict.remote(), timeout=300)
     finally:
         for w in workers:
             ray.kill(w)
 
+    assert stats.clip_fraction > 0 and stats.kl > 0  # the clip and the KL term were exercised
+    _assert_same_as_single_process(model_dir, batch, cfg, stats, spmd_weights)
+
+
+def _assert_same_as_single_process(model_dir: str, batch: TrainBatch, cfg: RLConfig, stats, spmd_weights) -> None:
     losses, norms, ref_weights = _single_process_update(model_dir, batch, cfg)
     assert stats.policy_version == 1
     assert stats.loss == pytest.approx(losses[0], rel=1e-4, abs=1e-6)  # first epoch: the whole batch's loss
     assert stats.grad_norm == pytest.approx(norms[-1], rel=1e-4)  # last epoch's all-reduced gradient
-    assert stats.clip_fraction > 0 and stats.kl > 0  # the clip and the KL term were exercised
     start = load_model(model_dir).state_dict()
     for name, w in ref_weights.items():
         d_ref, d_spmd = w - start[name], spmd_weights[name] - start[name]
@@ -104,3 +114,58 @@ def test_two_rank_update_equals_single_process_update(ray_local, tiny_sft_model,
         rel = float((d_spmd - d_ref).norm() / d_ref.norm())
         off = float(((d_spmd - d_ref).abs() > 0.05 * cfg.lr).float().mean())
         assert rel < 0.02 and off < 0.01, f"{name}: update differs by {rel:.3g} (relative), {off:.2%} entries off"
+
+
+class _RecordingPolicyGroup(PolicyGroup):
+    """The real policy group, keeping the train batches the controller hands it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches: list[TrainBatch] = []
+
+    def update(self, batch: TrainBatch):
+        self.batches.append(batch)
+        return super().update(batch)
+
+
+class _NoTracker:
+    def log(self, m) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(600)
+def test_controller_step_with_two_policy_ranks_equals_single_process_update(ray_local, tiny_sft_model):
+    """One controller step with real Ray role actors (rollout, reward, 2 policy ranks): the update it makes on
+    the batch it built equals the single-process update of that same batch."""
+    ray = ray_local
+    model_dir, dataset_dir = tiny_sft_model["model_dir"], tiny_sft_model["dataset_dir"]
+    cfg = RLConfig(prompts_per_step=12, samples_per_prompt=4, max_new_tokens=8, lr=1e-3, inner_epochs=2,
+                   micro_batch_size=8, max_grad_norm=0.0, kl_coef=0.0, warmup_steps=0, remote_timeout_s=120)
+    opts = {"num_cpus": 1}
+    rollout = [ray.remote(RolloutWorker).options(**opts).remote(model_dir, 0, 1)]
+    reward = [ray.remote(RewardWorker).options(**opts).remote("", cfg.reward_timeout_s, 0, 1)]
+    policy = [ray.remote(PolicyWorker).options(num_cpus=0.5).remote(model_dir, cfg, r, 2) for r in range(2)]
+    try:
+        ids = {name: ray.get([h.identity.remote() for h in hs], timeout=300)
+               for name, hs in {"rollout": rollout, "reward": reward, "policy": policy}.items()}
+        pg = _RecordingPolicyGroup(policy, ids["policy"], 120, cfg.micro_batch_size)
+        pg.setup()
+        groups = RoleGroups(rollout=RolloutGroup(rollout, ids["rollout"], 120),
+                            reward=RewardGroup(reward, ids["reward"], 120), reference=None, policy=pg)
+        sampler = PromptSampler(read_examples(dataset_dir, "train"), load_tokenizer(model_dir),
+                                prompts_per_step=cfg.prompts_per_step, seed=cfg.seed, max_prompt_len=24)
+        controller = Controller(cfg, groups, sampler, _NoTracker(), None)
+        controller.start()
+        m = controller.step()
+        spmd_weights = ray.get(policy[0].state_dict.remote(), timeout=300)
+    finally:
+        for a in rollout + reward + policy:
+            ray.kill(a)
+
+    (batch,) = pg.batches
+    assert len(batch.response_ids) == cfg.prompts_per_step * cfg.samples_per_prompt
+    assert any(a != 0 for a in batch.advantages), "every group had equal rewards: nothing to compare"
+    _assert_same_as_single_process(model_dir, batch, cfg, m, spmd_weights)
