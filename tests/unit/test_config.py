@@ -51,6 +51,11 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"data": {"task": "", "files": []}}', "data.files"),
     ('{"data": {"tokenizer": {"train": false}}}', "data.tokenizer.train"),
     ('{"tracking": {"wandb_mode": "loud"}}', "tracking.wandb_mode"),
+    ('{"rl": {"warmup_steps": -1}}', "rl.warmup_steps"),
+    ('{"eval": {"k": 0}}', "eval.k"),
+    ('{"placement": {"policy_workers": 0}}', "placement.policy_workers"),
+    ('{"rl": {"prompts_per_step": 1, "samples_per_prompt": 2}, "placement": {"policy_workers": 4}}',
+     "rl.prompts_per_step"),
     ('{"sft": {"stepz": 3}}', "sft"),
     ('{"sft": ', "overrides"),
 ])

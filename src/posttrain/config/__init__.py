@@ -1,0 +1,73 @@
+"""Typed configuration for the whole post-training pipeline.
+
+One `PipelineConfig` describes a run end to end (data -> SFT -> RL -> eval), but every Flyte task receives
+only its own part (plus the run id), so that changing, say, an RL setting does not change the inputs -
+and therefore the cache keys - of the data-prep or SFT stages.
+
+All classes are frozen, keyword-only dataclasses: flytekit passes them between tasks as typed values, and
+nothing can mutate a config after `validate()` has accepted it. Recipes (`posttrain.recipes`) are functions
+that return a `PipelineConfig`.
+
+    enums.py      the closed sets of choices (DataFormat, Algorithm, PlacementMode, ...)
+    sections.py   one dataclass per part (DataConfig, SFTConfig, RLConfig, ...), each field documented
+    serialize.py  to_dict / from_dict, and apply_overrides (JSON edits of a recipe)
+    checks.py     validate: every bad value or combination, with the field named, before work starts
+
+Everything is importable from `posttrain.config` directly.
+"""
+
+from posttrain.config.checks import validate
+from posttrain.config.enums import (
+    Algorithm,
+    Arch,
+    Backend,
+    DataFormat,
+    DataSchema,
+    DType,
+    KLEstimator,
+    LossAgg,
+    Parallelism,
+    PlacementMode,
+    RolloutBackend,
+)
+from posttrain.config.errors import ConfigError
+from posttrain.config.sections import (
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    PipelineConfig,
+    PlacementConfig,
+    RLConfig,
+    SFTConfig,
+    TokenizerConfig,
+    TrackingConfig,
+)
+from posttrain.config.serialize import apply_overrides, from_dict, to_dict
+
+__all__ = [
+    "Algorithm",
+    "Arch",
+    "Backend",
+    "ConfigError",
+    "DType",
+    "DataConfig",
+    "DataFormat",
+    "DataSchema",
+    "EvalConfig",
+    "KLEstimator",
+    "LossAgg",
+    "ModelConfig",
+    "Parallelism",
+    "PipelineConfig",
+    "PlacementConfig",
+    "PlacementMode",
+    "RLConfig",
+    "RolloutBackend",
+    "SFTConfig",
+    "TokenizerConfig",
+    "TrackingConfig",
+    "apply_overrides",
+    "from_dict",
+    "to_dict",
+    "validate",
+]

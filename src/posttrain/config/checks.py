@@ -1,0 +1,124 @@
+"""`validate`: reject every bad value or combination before any work starts, naming the field and what is
+allowed. One function per config section; cross-section rules live with the section whose field is wrong."""
+
+from __future__ import annotations
+
+from posttrain.config.enums import Algorithm
+from posttrain.config.errors import ConfigError
+from posttrain.config.sections import (
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    PipelineConfig,
+    PlacementConfig,
+    RLConfig,
+    SFTConfig,
+    TrackingConfig,
+)
+
+
+def validate(cfg: PipelineConfig) -> PipelineConfig:
+    """Reject invalid values and combinations; returns `cfg` unchanged when it is valid."""
+    _check_data(cfg.data)
+    _check_model(cfg.model, cfg.data)
+    _check_sft(cfg.sft)
+    _check_eval(cfg.eval)
+    _check_rl(cfg.rl)
+    _check_placement(cfg.placement, cfg.rl)
+    _check_tracking(cfg.tracking)
+    return cfg
+
+
+def _check(ok: bool, field_path: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{field_path}: {message}")
+
+
+def _check_data(d: DataConfig) -> None:
+    _check(d.task in ("", "addition", "chain"), "data.task", f"{d.task!r} is not one of 'addition', 'chain', ''")
+    _check(bool(d.task) != bool(d.files), "data.files",
+           "give either a built-in data.task or data.files (set data.task to \"\" to use files)")
+    _check(d.num_examples >= 2, "data.num_examples", "must be >= 2")
+    _check(1 <= d.num_digits <= 12, "data.num_digits", "must be between 1 and 12")
+    _check(1 <= d.chain_steps <= 8, "data.chain_steps", "must be between 1 and 8")
+    _check(d.eval_size >= 1, "data.eval_size", "must be >= 1")
+    _check(d.max_prompt_chars >= 1, "data.max_prompt_chars", "must be >= 1")
+    _check(d.tokenizer.vocab_size >= 260, "data.tokenizer.vocab_size", "must be >= 260 (256 bytes + specials)")
+    if d.task:
+        _check(d.eval_size < d.num_examples, "data.eval_size", "must be smaller than data.num_examples")
+
+
+def _check_model(m: ModelConfig, d: DataConfig) -> None:
+    if not m.base_path:
+        _check(d.tokenizer.train, "data.tokenizer.train",
+               "must be true when model.base_path is empty (a from-scratch model needs a tokenizer)")
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_seq_len"):
+        _check(getattr(m, name) >= 1, f"model.{name}", "must be >= 1")
+    _check(m.hidden_size % m.num_heads == 0, "model.num_heads", f"must divide model.hidden_size={m.hidden_size}")
+    _check(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", f"must divide model.num_heads={m.num_heads}")
+
+
+def _check_sft(s: SFTConfig) -> None:
+    _check(s.steps >= 1, "sft.steps", "must be >= 1")
+    _check(s.nproc >= 1, "sft.nproc", "must be >= 1")
+    _check(s.micro_batch_size >= 1, "sft.micro_batch_size", "must be >= 1")
+    _check(s.global_batch_size % (s.micro_batch_size * s.nproc) == 0, "sft.global_batch_size",
+           f"must be a multiple of sft.micro_batch_size * sft.nproc = {s.micro_batch_size * s.nproc}")
+    _check(s.lr > 0, "sft.lr", "must be > 0")
+    _check(0 <= s.min_lr_ratio <= 1, "sft.min_lr_ratio", "must be in [0, 1]")
+    _check(0 <= s.warmup_steps < s.steps, "sft.warmup_steps", "must be in [0, sft.steps)")
+    _check(s.max_grad_norm >= 0, "sft.max_grad_norm", "must be >= 0")
+    _check(s.save_every >= 0, "sft.save_every", "must be >= 0")
+    _check(s.pack_length == 0 or s.pack_length >= 8, "sft.pack_length", "must be 0 (model.max_seq_len) or >= 8")
+
+
+def _check_eval(e: EvalConfig) -> None:
+    _check(e.num_problems >= 0, "eval.num_problems", "must be >= 0 (0: the whole eval split)")
+    _check(e.k >= 1, "eval.k", "must be >= 1")
+    _check(e.temperature > 0, "eval.temperature", "must be > 0")
+    _check(e.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+    _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    _check(e.reward_fn == "" or _is_import_path(e.reward_fn), "eval.reward_fn", "must look like 'module:function'")
+
+
+def _check_rl(r: RLConfig) -> None:
+    _check(r.algorithm == Algorithm.GRPO, "rl.algorithm", "only 'grpo' is implemented (PPO needs the critic role)")
+    _check(r.steps >= 1, "rl.steps", "must be >= 1")
+    _check(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
+    _check(r.samples_per_prompt >= 2, "rl.samples_per_prompt", "must be >= 2 (GRPO needs a group)")
+    _check(r.temperature > 0, "rl.temperature", "must be > 0")
+    _check(r.max_new_tokens >= 1, "rl.max_new_tokens", "must be >= 1")
+    _check(r.lr > 0, "rl.lr", "must be > 0")
+    _check(r.warmup_steps >= 0, "rl.warmup_steps", "must be >= 0")
+    _check(r.inner_epochs >= 1, "rl.inner_epochs", "must be >= 1")
+    _check(r.micro_batch_size >= 1, "rl.micro_batch_size", "must be >= 1")
+    _check(0 < r.clip_low < 1, "rl.clip_low", "must be in (0, 1)")
+    _check(r.clip_high > 0, "rl.clip_high", "must be > 0")
+    _check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
+    _check(r.reward_timeout_s > 0, "rl.reward_timeout_s", "must be > 0")
+    _check(r.checkpoint_every >= 0, "rl.checkpoint_every", "must be >= 0")
+    _check(r.drift_threshold > 0, "rl.drift_threshold", "must be > 0")
+    _check(r.remote_timeout_s > 0, "rl.remote_timeout_s", "must be > 0")
+    _check(r.reward_fn == "" or _is_import_path(r.reward_fn), "rl.reward_fn", "must look like 'module:function'")
+
+
+def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
+    _check(p.policy_workers >= 1, "placement.policy_workers", "must be >= 1")
+    _check(p.rollout_workers >= 1, "placement.rollout_workers", "must be >= 1")
+    _check(p.reference_workers >= 1, "placement.reference_workers", "must be >= 1")
+    _check(p.reward_workers >= 1, "placement.reward_workers", "must be >= 1")
+    _check(p.gpus_per_worker >= 0, "placement.gpus_per_worker", "must be >= 0")
+    batch = r.prompts_per_step * r.samples_per_prompt
+    _check(batch >= p.policy_workers, "rl.prompts_per_step",
+           f"prompts_per_step * samples_per_prompt = {batch} must be >= placement.policy_workers")
+
+
+def _check_tracking(t: TrackingConfig) -> None:
+    _check(t.wandb_mode in ("offline", "online", "disabled"), "tracking.wandb_mode",
+           f"{t.wandb_mode!r} is not one of 'offline', 'online', 'disabled'")
+    _check(t.log_every >= 1, "tracking.log_every", "must be >= 1")
+
+
+def _is_import_path(s: str) -> bool:
+    mod, sep, fn = s.partition(":")
+    return bool(sep) and all(p.isidentifier() for p in mod.split(".")) and fn.isidentifier()

@@ -1,0 +1,66 @@
+"""The closed sets of choices a config field can take (stored by value in JSON and manifests)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class DataFormat(enum.Enum):
+    AUTO = "auto"
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+    CSV = "csv"
+    SAVED = "saved"  # a folder written by datasets.Dataset.save_to_disk
+
+
+class DataSchema(enum.Enum):
+    MESSAGES = "messages"  # a list of {"role", "content"} chat turns
+    PROMPT_COMPLETION = "prompt_completion"  # SFT pairs
+    PROMPT_ANSWER = "prompt_answer"  # RL/eval prompts with a reference answer
+
+
+class Arch(enum.Enum):
+    LLAMA = "llama"
+    QWEN2 = "qwen2"
+
+
+class DType(enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"  # autocast on GPU; CPU training stays fp32
+
+
+class Parallelism(enum.Enum):
+    DDP = "ddp"
+    FSDP2 = "fsdp2"
+
+
+class Backend(enum.Enum):
+    AUTO = "auto"  # nccl when CUDA is available, gloo otherwise
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+class Algorithm(enum.Enum):
+    GRPO = "grpo"
+    PPO = "ppo"
+
+
+class KLEstimator(enum.Enum):
+    K1 = "k1"  # log(p/q)
+    K2 = "k2"  # 0.5 * log(p/q)^2
+    K3 = "k3"  # exp(-log(p/q)) - 1 + log(p/q)  (unbiased, non-negative)
+
+
+class LossAgg(enum.Enum):
+    TOKEN_MEAN = "token_mean"  # mean over all response tokens of the global batch
+    SEQ_MEAN = "seq_mean"  # mean over sequences of each sequence's token mean
+
+
+class PlacementMode(enum.Enum):
+    COLOCATED = "colocated"  # roles share the same devices and take turns by phase
+    SPLIT = "split"  # each role gets its own devices
+
+
+class RolloutBackend(enum.Enum):
+    TRANSFORMERS = "transformers"
+    VLLM = "vllm"

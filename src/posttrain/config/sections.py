@@ -1,0 +1,242 @@
+"""The config sections, one frozen dataclass per pipeline part, and `PipelineConfig` that holds them all.
+
+Every field is documented by the string literal under it; `posttrain.config.checks.validate` holds the
+rules on which values and combinations are allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from posttrain.config.enums import (
+    Algorithm,
+    Arch,
+    Backend,
+    DataFormat,
+    DataSchema,
+    DType,
+    KLEstimator,
+    LossAgg,
+    Parallelism,
+    PlacementMode,
+    RolloutBackend,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    train: bool = True
+    """Train a byte-level BPE tokenizer on the data (needed when the model is built from scratch)."""
+    vocab_size: int = 320
+    """Target vocabulary size of the trained tokenizer (>= 260: 256 bytes plus special tokens)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    task: str = "addition"
+    """Built-in synthetic task ("addition" or "chain"), or "" to load `files`."""
+    files: list[str] = field(default_factory=list)
+    """Local data files (jsonl, parquet, csv) or one `save_to_disk` folder; used when `task` is ""."""
+    format: DataFormat = DataFormat.AUTO
+    """File format; AUTO picks it from each file's extension (a folder means SAVED)."""
+    schema: DataSchema = DataSchema.PROMPT_COMPLETION
+    """How rows map to examples: chat messages, prompt+completion, or prompt+reference answer."""
+    messages_field: str = "messages"
+    """Column holding the chat turns (schema MESSAGES)."""
+    prompt_field: str = "prompt"
+    """Column holding the prompt text (schemas PROMPT_COMPLETION and PROMPT_ANSWER)."""
+    completion_field: str = "completion"
+    """Column holding the target completion (schema PROMPT_COMPLETION)."""
+    answer_field: str = "answer"
+    """Column holding the reference answer (schema PROMPT_ANSWER)."""
+    answer_marker: str = ""
+    """If set (GSM8K: "####"), the reference answer is the text after the last marker in the answer or
+    completion field."""
+    num_examples: int = 20000
+    """Synthetic tasks: number of problems generated (before de-duplication and the split)."""
+    num_digits: int = 3
+    """addition: digits per operand (zero-padded; the answer has num_digits + 1 digits)."""
+    chain_steps: int = 3
+    """chain: number of dependent operations, each shown with its intermediate result."""
+    eval_size: int = 500
+    """Number of held-out examples in the eval split (taken after de-duplication)."""
+    max_prompt_chars: int = 4096
+    """Rows whose prompt is longer than this many characters are rejected with an error."""
+    dedupe: bool = True
+    """Drop exact duplicate examples (same prompt and target) before splitting."""
+    seed: int = 0
+    """Seed for synthetic generation and the train/eval split."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """Tokenizer trained on the data for from-scratch models."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    base_path: str = ""
+    """A local HF model folder (safetensors) to start from; "" builds a tiny model from scratch."""
+    arch: Arch = Arch.LLAMA
+    """Architecture of a from-scratch model."""
+    hidden_size: int = 128
+    """From scratch: width of the residual stream."""
+    num_layers: int = 2
+    """From scratch: number of transformer blocks."""
+    num_heads: int = 4
+    """From scratch: attention heads (must divide hidden_size)."""
+    num_kv_heads: int = 4
+    """From scratch: key/value heads (must divide num_heads)."""
+    intermediate_size: int = 512
+    """From scratch: MLP width."""
+    max_seq_len: int = 64
+    """Longest sequence (prompt + completion, in tokens) the model trains or generates on."""
+    dtype: DType = DType.FP32
+    """Compute dtype; BF16 means autocast on GPU (CPU always trains in fp32)."""
+    init_seed: int = 0
+    """Seed for from-scratch weight initialisation."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingConfig:
+    wandb_mode: str = "offline"
+    """wandb mode: "offline" (default, writes under the run folder), "online" or "disabled"."""
+    wandb_project: str = "posttrain"
+    """wandb project name."""
+    log_every: int = 10
+    """Print a console line every this many steps (a progress bar shows every step when interactive)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    steps: int = 300
+    """Optimizer steps."""
+    global_batch_size: int = 64
+    """Examples per optimizer step, summed over ranks and micro-batches."""
+    micro_batch_size: int = 32
+    """Examples per forward/backward on one rank; accumulation = global / (micro * nproc)."""
+    lr: float = 3e-3
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at lr * min_lr_ratio."""
+    warmup_steps: int = 20
+    """Linear warm-up steps."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to norms and biases)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold (global L2 norm); 0 disables clipping."""
+    packing: bool = True
+    """Pack several examples into one row (isolated by a block-diagonal mask, restarting positions)."""
+    pack_length: int = 0
+    """Tokens per packed row; 0 means model.max_seq_len."""
+    parallelism: Parallelism = Parallelism.DDP
+    """Data parallelism: DDP, or FSDP2 (fully_shard) for larger models."""
+    nproc: int = 2
+    """Processes per node. Fixed when the Elastic task is defined (POSTTRAIN_SFT_NPROC): must agree."""
+    backend: Backend = Backend.AUTO
+    """torch.distributed backend."""
+    save_every: int = 100
+    """Save resumable training state every this many steps (0: only at the end)."""
+    epochs_limit: int = 0
+    """Unused when 0; otherwise stop after this many passes over the data even if steps remain."""
+    seed: int = 0
+    """Seed for data order and dropout-free training randomness."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    num_problems: int = 500
+    """Held-out problems scored (at most the eval split; 0 means the whole split)."""
+    k: int = 4
+    """Samples per problem for sampled accuracy and pass@k."""
+    temperature: float = 1.0
+    """Sampling temperature for the k samples (greedy accuracy is reported separately)."""
+    max_new_tokens: int = 16
+    """Generation limit per answer."""
+    batch_size: int = 256
+    """Prompts per generation batch."""
+    seed: int = 0
+    """Sampling seed."""
+    reward_fn: str = ""
+    """Optional user scoring function "module:function" (default: the task's verifier)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLConfig:
+    enabled: bool = True
+    """Run the RL stage after SFT."""
+    algorithm: Algorithm = Algorithm.GRPO
+    """Policy-gradient algorithm (PPO needs a critic role: not implemented yet)."""
+    steps: int = 60
+    """Policy updates (one rollout batch each)."""
+    prompts_per_step: int = 64
+    """Prompts sampled per step."""
+    samples_per_prompt: int = 8
+    """Completions per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Rollout sampling temperature."""
+    max_new_tokens: int = 16
+    """Rollout generation limit."""
+    lr: float = 3e-5
+    """Policy learning rate (AdamW, constant after warm-up). Fresh Adam moves every weight by ~lr per step,
+    so RL on a tiny model needs a small one: 5e-4 collapsed the tiny_cpu model within 10 steps (measured)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps for the policy learning rate."""
+    inner_epochs: int = 1
+    """Passes over each rollout batch (clipped importance ratio after the first)."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward on one policy rank."""
+    clip_low: float = 0.2
+    """Lower clip range: ratio >= 1 - clip_low."""
+    clip_high: float = 0.28
+    """Upper clip range: ratio <= 1 + clip_high."""
+    kl_coef: float = 0.0
+    """KL penalty to the reference model; 0 means no reference role is created."""
+    kl_estimator: KLEstimator = KLEstimator.K3
+    """KL estimator used for the penalty."""
+    loss_agg: LossAgg = LossAgg.TOKEN_MEAN
+    """How token losses aggregate over the global batch."""
+    std_normalize: bool = True
+    """Divide group-centred rewards by the group's std (Dr. GRPO leaves this off)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold; 0 disables."""
+    reward_fn: str = ""
+    """User reward function "module:function"; "" uses the task's verifier."""
+    reward_timeout_s: float = 5.0
+    """Per-call time limit for a user reward function (it runs in a separate process)."""
+    checkpoint_every: int = 20
+    """Save a model artifact and the training state every this many steps (0: only at the end)."""
+    drift_threshold: float = 0.05
+    """Fail when mean |rollout logprob - policy logprob| over the same tokens exceeds this."""
+    remote_timeout_s: float = 300.0
+    """Timeout for every remote call to a role worker; the error names the stage and the worker."""
+    rollout_backend: RolloutBackend = RolloutBackend.TRANSFORMERS
+    """Generation engine for rollouts (vLLM needs a separate install)."""
+    seed: int = 0
+    """Seed for prompt sampling and rollout sampling."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementConfig:
+    mode: PlacementMode = PlacementMode.COLOCATED
+    """COLOCATED: roles share devices, taking turns by phase. SPLIT: each role on its own devices."""
+    policy_workers: int = 2
+    """Ranks in the SPMD policy group. Fixed in the Ray task's `train` worker group on a cluster."""
+    rollout_workers: int = 1
+    """Generation workers (the `rollout` worker group on a cluster)."""
+    reference_workers: int = 1
+    """Reference log-prob workers (only created when rl.kl_coef > 0)."""
+    reward_workers: int = 1
+    """Reward scoring workers."""
+    gpus_per_worker: float = 0.0
+    """GPUs per role worker (0 on CPU). In COLOCATED mode roles share each device."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineConfig:
+    name: str = "tiny_cpu"
+    """Recipe name, recorded in manifests."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
