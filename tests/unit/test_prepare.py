@@ -102,6 +102,20 @@ def test_every_problem_is_reported_with_file_row_and_field(tmp_path):
     assert "6 problem(s)" in msg and not (tmp_path / "out").exists()
 
 
+def test_chat_problems_name_the_turn_and_the_marker(tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "no marker"}]},
+            {"messages": [{"role": "user", "content": "q"}, "hi"]},
+            {"messages": "[not json"}]
+    src = _write(tmp_path / "m.jsonl", "jsonl", rows)
+    with pytest.raises(DataValidationError) as e:
+        prepare_dataset(_cfg([src], schema=DataSchema.MESSAGES, answer_marker="####"), tmp_path / "o")
+    msg = str(e.value)
+    assert "m.jsonl:line 1: field 'messages': no '####' marker" in msg, msg
+    assert "m.jsonl:line 2: field 'messages[1]': expected an object with role and content, got str" in msg, msg
+    assert "m.jsonl:line 3: field 'messages': not a list of messages (invalid JSON text)" in msg, msg
+    assert "3 problem(s)" in msg and not (tmp_path / "o").exists()
+
+
 def test_chat_role_errors_and_empty_results(tmp_path):
     rows = [{"messages": [{"role": "wizard", "content": "hi"}, {"role": "assistant", "content": ""}]}]
     src = _write(tmp_path / "c.jsonl", "jsonl", rows)
