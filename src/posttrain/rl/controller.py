@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,7 +40,7 @@ import torch
 
 from posttrain.config import RLConfig
 from posttrain.rl.algorithms.grpo import group_advantages
-from posttrain.rl.metrics import StepMetrics, overhead
+from posttrain.rl.metrics import StepMetrics, step_metrics
 from posttrain.rl.state import Checkpointer, PromptSampler
 from posttrain.rl.types import (
     Advantages,
@@ -87,76 +89,60 @@ class Controller:
             raise RuntimeError("Controller.step() before start(): the rollout workers hold no verified weights yet")
         cfg, g, v = self.cfg, self.groups, self.version
         t_step = time.perf_counter()
-        phase: dict[str, float] = {}
-        clock = time.perf_counter
+        phase: dict[str, float] = {}  # wall seconds per phase, as the controller sees them
 
-        t = clock()
-        prompts = self.sampler.next_batch(policy_version=v)
-        traj = g.rollout.generate(prompts, n=cfg.samples_per_prompt, temperature=cfg.temperature,
-                                  max_new_tokens=cfg.max_new_tokens, seed=self.rng.randrange(2**31))
-        phase["rollout"] = clock() - t
+        with _timed(phase, "rollout"):
+            prompts = self.sampler.next_batch(policy_version=v)
+            traj = g.rollout.generate(prompts, n=cfg.samples_per_prompt, temperature=cfg.temperature,
+                                      max_new_tokens=cfg.max_new_tokens, seed=self.rng.randrange(2**31))
         _expect_version("rollout", traj.policy_version, v)
 
         # NOTE: before the update both sides hold version v, so this compares the rollout engine with the
         # policy on identical weights - it checks the previous step's weight sync end to end.
-        t = clock()
-        policy_lp = g.policy.log_probs(traj, temperature=cfg.temperature)
-        drift = check_drift(traj.logprobs, policy_lp.values, version=v, threshold=cfg.drift_threshold,
-                            rollout_workers=g.rollout.identities())
-        phase["drift"] = clock() - t
+        with _timed(phase, "drift"):
+            policy_lp = g.policy.log_probs(traj, temperature=cfg.temperature)
+            drift = check_drift(traj.logprobs, policy_lp.values, version=v, threshold=cfg.drift_threshold,
+                                rollout_workers=g.rollout.identities())
 
-        t = clock()
-        rewards = g.reward.score(traj)
-        phase["reward"] = clock() - t
+        with _timed(phase, "reward"):
+            rewards = g.reward.score(traj)
 
         ref = None
         if g.reference is not None:
-            t = clock()
-            ref = g.reference.log_probs(traj, temperature=cfg.temperature)
-            phase["reference"] = clock() - t
+            with _timed(phase, "reference"):
+                ref = g.reference.log_probs(traj, temperature=cfg.temperature)
 
-        t = clock()
-        adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt, std_normalize=cfg.std_normalize)
-        advantages = Advantages(policy_version=v, values=adv.tolist())
-        phase["advantages"] = clock() - t
+        with _timed(phase, "advantages"):
+            adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,
+                                   std_normalize=cfg.std_normalize)
+            advantages = Advantages(policy_version=v, values=adv.tolist())
 
-        t = clock()
-        batch = TrainBatch(policy_version=v, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
-                           old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None,
-                           advantages=advantages.values)
-        stats = g.policy.update(batch)  # SPMD: every policy rank runs the same update on its shard
-        phase["update"] = clock() - t
+        with _timed(phase, "update"):
+            batch = TrainBatch(policy_version=v, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
+                               old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None,
+                               advantages=advantages.values)
+            stats = g.policy.update(batch)  # SPMD: every policy rank runs the same update on its shard
         _expect_version("policy update", stats.policy_version, v + 1)
 
-        t = clock()
-        handle = g.policy.weights()
-        if handle.version != stats.policy_version or handle.checksum != stats.weights_checksum:
-            raise RuntimeError(f"policy.weights() returned version {handle.version} checksum {handle.checksum[:12]}, "
-                               f"but the update reported {stats.policy_version} / {stats.weights_checksum[:12]}")
-        reports = g.rollout.load_weights(handle)
-        verify_reports(handle, reports, g.rollout.identities())
-        phase["sync"] = clock() - t
+        with _timed(phase, "sync"):
+            self._push_weights(stats.policy_version, checksum=stats.weights_checksum)
 
         self.version, self.step_count = stats.policy_version, self.step_count + 1
-        step_s = time.perf_counter() - t_step
-        compute = {"rollout": traj.compute_s, "drift": policy_lp.compute_s, "reward": rewards.compute_s,
-                   "update": stats.compute_s}
-        if ref is not None:
-            compute["reference"] = ref.compute_s
-        scores = rewards.scores
-        mean = sum(scores) / len(scores)
-        n_tokens = sum(len(r) for r in traj.response_ids)
-        m = StepMetrics(
-            step=self.step_count, policy_version=self.version, reward_mean=mean,
-            reward_std=(sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5,
-            accuracy=sum(s >= 1.0 for s in scores) / len(scores),
-            reward_failures=sum(f is not None for f in rewards.failures),
-            kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction, loss=stats.loss,
-            grad_norm=stats.grad_norm, response_len_mean=n_tokens / len(traj.response_ids), drift=drift,
-            generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase["rollout"], 1e-9),
-            phase_s=phase, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s))
+        m = step_metrics(step=self.step_count, traj=traj, drift_logprobs=policy_lp, drift=drift, rewards=rewards,
+                         ref=ref, stats=stats, phase_s=phase, step_s=time.perf_counter() - t_step)
         self.history.append(m)
         return m
+
+    def _push_weights(self, version: int, checksum: str | None = None) -> None:
+        """Hand the policy's weights to every rollout worker; each must report back exactly this version and
+        the handle's checksum (`verify_reports` names any worker that does not)."""
+        handle = self.groups.policy.weights()
+        if handle.version != version or (checksum is not None and handle.checksum != checksum):
+            want = f"version {version}" + (f" checksum {checksum[:12]}" if checksum is not None else "")
+            raise RuntimeError(f"policy.weights() returned version {handle.version} checksum "
+                               f"{handle.checksum[:12]}, expected {want}")
+        reports = self.groups.rollout.load_weights(handle)
+        verify_reports(handle, reports, self.groups.rollout.identities())
 
     # ------------------------------------------------------------------------------------- the loop
 
@@ -171,10 +157,7 @@ class Controller:
             self.model_id = state.model_id
             self.history = [StepMetrics(**_unflatten(h)) for h in state.history]
             print(f"rl: resumed at step {state.step} (policy version {state.policy_version})", flush=True)
-        handle = self.groups.policy.weights()
-        if handle.version != self.version:
-            raise RuntimeError(f"policy holds version {handle.version}, the controller expected {self.version}")
-        verify_reports(handle, self.groups.rollout.load_weights(handle), self.groups.rollout.identities())
+        self._push_weights(self.version)
         self.started = True
 
     def run(self, steps: int) -> list[StepMetrics]:
@@ -204,6 +187,14 @@ class Controller:
         ref = self.checkpointer.save(step=self.step_count, policy_version=self.version, policy=self.groups.policy,
                                      controller_state=state, history=[m.flat() for m in self.history])
         self.model_id = ref.id
+
+
+@contextmanager
+def _timed(phase_s: dict[str, float], name: str) -> Iterator[None]:
+    """Record the wall seconds of the `with` body as phase `name` (not recorded when the body raises)."""
+    t = time.perf_counter()
+    yield
+    phase_s[name] = time.perf_counter() - t
 
 
 def _expect_version(stage: str, got: int, want: int) -> None:

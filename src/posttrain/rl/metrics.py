@@ -4,10 +4,10 @@
 measured. Orchestration overhead is the share of the step's wall time in which no role worker was
 computing, as timed by the workers themselves:
 
-    overhead = 1 - (rollout + reward + reference + update compute seconds, worker-timed) / step wall time
+    overhead = 1 - (rollout + drift + reward + reference + update compute seconds, worker-timed) / step wall time
 
 so serialisation, object transfer, Ray scheduling, weight sync and the controller's own work all count as
-overhead (the drift check's policy forward too: `PolicyGroup.log_probs` reports no worker time).
+overhead ("drift" is the policy group's forward over the rollout tokens for the drift check).
 
 `RLTracker` prints a tqdm bar when stdout is a terminal, else one line every `tracking.log_every` steps (and
 the last), and logs to wandb in `tracking.wandb_mode` ("offline" by default; "disabled" creates no files
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.config import TrackingConfig
+from posttrain.rl.types import LogProbs, Rewards, Trajectories, UpdateStats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +67,27 @@ class StepMetrics:
 
 def overhead(compute_s: dict[str, float], step_s: float) -> float:
     return 1.0 - sum(compute_s.values()) / step_s if step_s > 0 else 0.0
+
+
+def step_metrics(*, step: int, traj: Trajectories, drift_logprobs: LogProbs, drift: float, rewards: Rewards,
+                 ref: LogProbs | None, stats: UpdateStats, phase_s: dict[str, float], step_s: float) -> StepMetrics:
+    """The StepMetrics of one finished step, from its handoffs and the controller's phase timings."""
+    compute = {"rollout": traj.compute_s, "drift": drift_logprobs.compute_s, "reward": rewards.compute_s,
+               "update": stats.compute_s}
+    if ref is not None:
+        compute["reference"] = ref.compute_s
+    scores = rewards.scores
+    mean = sum(scores) / len(scores)
+    n_tokens = sum(len(r) for r in traj.response_ids)
+    return StepMetrics(
+        step=step, policy_version=stats.policy_version, reward_mean=mean,
+        reward_std=(sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5,
+        accuracy=sum(s >= 1.0 for s in scores) / len(scores),
+        reward_failures=sum(f is not None for f in rewards.failures),
+        kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction, loss=stats.loss,
+        grad_norm=stats.grad_norm, response_len_mean=n_tokens / len(traj.response_ids), drift=drift,
+        generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase_s["rollout"], 1e-9),
+        phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s))
 
 
 _CONSOLE = ("reward_mean", "accuracy", "kl", "entropy", "clip_fraction", "response_len_mean", "drift",
