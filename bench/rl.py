@@ -50,7 +50,7 @@ def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path) -> di
     d = store.put("dataset", "data", dataset_dir, run_id="bench", parents=[], config={})
     cfg = replace(recipe.rl, steps=STEPS, checkpoint_every=0, kl_coef=0.01)  # kl > 0: all four roles run
     t0 = time.perf_counter()
-    res = run_rl(rl_cfg=cfg, placement_cfg=replace(recipe.placement, mode=mode), max_seq_len=recipe.model.max_seq_len,
+    res = run_rl(rl_cfg=cfg, reward_cfg=recipe.reward, placement_cfg=replace(recipe.placement, mode=mode), max_seq_len=recipe.model.max_seq_len,
                  tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=10**6), start_model_dir=model_dir,
                  dataset_dir=dataset_dir, store_root=str(store.root), run_id=f"bench-{mode.value}",
                  parents=[m.id, d.id], state_dir=root / f"state-{mode.value}", start_model_id=m.id)

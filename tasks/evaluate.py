@@ -8,15 +8,15 @@ from flytekit import Resources, task
 
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
-from posttrain.config import EvalConfig
+from posttrain.config import EvalConfig, RewardConfig
 
 EvalOut = NamedTuple("EvalOut", [("report", ArtifactRef), ("greedy_accuracy", float),
                                  ("sampled_accuracy", float), ("pass_at_k", float)])
 
 
 @task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"))
-def evaluate(cfg: EvalConfig, model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> EvalOut:
+def evaluate(cfg: EvalConfig, reward: RewardConfig, model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> EvalOut:
     from posttrain import stages
 
-    out = stages.evaluate(cfg, model=model, dataset=dataset, run_id=run_id)
+    out = stages.evaluate(cfg, reward, model=model, dataset=dataset, run_id=run_id)
     return EvalOut(out.report, out.greedy_accuracy, out.sampled_accuracy, out.pass_at_k)

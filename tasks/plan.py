@@ -16,6 +16,7 @@ from posttrain.config import (
     EvalConfig,
     ModelConfig,
     PlacementConfig,
+    RewardConfig,
     RLConfig,
     SFTConfig,
     TrackingConfig,
@@ -23,7 +24,7 @@ from posttrain.config import (
 from tasks import settings
 
 Plan = NamedTuple("Plan", [("run_id", str), ("data", DataConfig), ("model", ModelConfig), ("sft", SFTConfig),
-                           ("eval", EvalConfig), ("rl", RLConfig), ("placement", PlacementConfig),
+                           ("eval", EvalConfig), ("rl", RLConfig), ("reward", RewardConfig), ("placement", PlacementConfig),
                            ("tracking", TrackingConfig)])
 
 
@@ -36,4 +37,4 @@ def plan(recipe: str, overrides: str, run_id: str) -> Plan:
     settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers)
     rid = run_id or new_run_id()
     print(f"plan: run {rid}, recipe {cfg.name}")
-    return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.placement, cfg.tracking)
+    return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking)

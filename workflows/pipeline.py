@@ -37,7 +37,7 @@ def sft_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = ""
     d = data_prep(cfg=p.data, run_id=p.run_id)
     m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
             run_id=p.run_id)
-    e = evaluate(cfg=p.eval, model=m, dataset=d.dataset, run_id=p.run_id)
+    e = evaluate(cfg=p.eval, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id)
     return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e.report, rl_model=None,
                      rl_eval=None)
 
@@ -49,9 +49,9 @@ def pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") ->
     d = data_prep(cfg=p.data, run_id=p.run_id)
     m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
             run_id=p.run_id)
-    e1 = evaluate(cfg=p.eval, model=m, dataset=d.dataset, run_id=p.run_id)
-    r = rl(rl=p.rl, placement=p.placement, max_seq_len=p.model.max_seq_len, tracking=p.tracking, start_model=m,
+    e1 = evaluate(cfg=p.eval, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id)
+    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, max_seq_len=p.model.max_seq_len, tracking=p.tracking, start_model=m,
            dataset=d.dataset, run_id=p.run_id)
-    e2 = evaluate(cfg=p.eval, model=r, dataset=d.dataset, run_id=p.run_id)
+    e2 = evaluate(cfg=p.eval, reward=p.reward, model=r, dataset=d.dataset, run_id=p.run_id)
     return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e1.report, rl_model=r,
                      rl_eval=e2.report)

@@ -21,6 +21,7 @@ from posttrain.config import (
     EvalConfig,
     ModelConfig,
     PlacementConfig,
+    RewardConfig,
     RLConfig,
     SFTConfig,
     TrackingConfig,
@@ -131,22 +132,24 @@ class EvalOutputs:
     pass_at_k: float
 
 
-def evaluate(cfg: EvalConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,
+def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,
              store: ArtifactStore | None = None) -> EvalOutputs:
     """Score the model on the dataset's held-out split and store an `eval` artifact (parent: the model)."""
     from posttrain.eval import evaluate as run_eval
 
     store = store or ArtifactStore()
-    key = store.cache_key("eval", to_dict(cfg), model.id, dataset.id, source_digest("eval", "models/generate.py"))
+    key = store.cache_key("eval", to_dict(cfg), to_dict(reward), model.id, dataset.id,
+                          source_digest("eval", "models/generate.py", "rewards.py", "data/verifiers.py"))
     ref = store.cache_get(key)
     if ref is None:
-        report = run_eval(store.get(model), store.get(dataset), cfg)
+        report = run_eval(store.get(model), store.get(dataset), cfg, reward)
         with tempfile.TemporaryDirectory(prefix="posttrain-eval-") as tmp:
             report.write(Path(tmp))
             metrics = {"greedy_accuracy": report.greedy_accuracy, "sampled_accuracy": report.sampled_accuracy,
                        "pass_at_k": report.pass_at_k, "num_problems": report.num_problems}
             ref = store.put("eval", f"eval-{model.name}", Path(tmp), run_id=run_id, parents=[model.id, dataset.id],
-                            config={**to_dict(cfg), "dataset_id": dataset.id, "model_id": model.id}, metrics=metrics)
+                            config={**to_dict(cfg), "reward": to_dict(reward), "dataset_id": dataset.id,
+                                    "model_id": model.id}, metrics=metrics)
         store.cache_put(key, ref)
     m = store.manifest(ref.id).metrics
     print(f"eval {ref.short} of model {model.short}: greedy {m['greedy_accuracy']:.3f}, "
@@ -155,7 +158,8 @@ def evaluate(cfg: EvalConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_i
                        pass_at_k=m["pass_at_k"])
 
 
-def rl(rl_cfg: RLConfig, placement: PlacementConfig, tracking: TrackingConfig, *, max_seq_len: int,
+def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, tracking: TrackingConfig, *,
+       max_seq_len: int,
        start_model: ArtifactRef, dataset: ArtifactRef, run_id: str,
        store: ArtifactStore | None = None) -> ArtifactRef:
     """GRPO from `start_model` on the dataset's train prompts; returns the final RL `model` artifact.
@@ -169,13 +173,13 @@ def rl(rl_cfg: RLConfig, placement: PlacementConfig, tracking: TrackingConfig, *
     if not rl_cfg.enabled:
         print("rl: disabled (rl.enabled=false): passing the start model through")
         return start_model
-    key = store.cache_key("rl", to_dict(rl_cfg), to_dict(placement), max_seq_len, start_model.id, dataset.id,
+    key = store.cache_key("rl", to_dict(rl_cfg), to_dict(reward), to_dict(placement), max_seq_len, start_model.id, dataset.id,
                           source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
     hit = store.cache_get(key)
     if hit is not None:
         print(f"rl: cache hit -> model {hit.short}")
         return hit
-    result = run_rl(rl_cfg=rl_cfg, placement_cfg=placement, max_seq_len=max_seq_len, tracking_cfg=tracking,
+    result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, placement_cfg=placement, max_seq_len=max_seq_len, tracking_cfg=tracking,
                     start_model_dir=store.get(start_model), dataset_dir=store.get(dataset), store_root=str(store.root),
                     run_id=run_id, parents=[start_model.id, dataset.id], state_dir=_local_state_dir(store, "rl", key),
                     start_model_id=start_model.id)

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from posttrain.config import KLEstimator, LossAgg, RLConfig
+from posttrain.config import KLEstimator, LossAgg, RewardConfig, RLConfig
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.models.generate import forward_response_logits, sequence_logprobs, token_logprobs
@@ -146,7 +146,7 @@ def test_controller_step_with_two_policy_ranks_equals_single_process_update(ray_
                    micro_batch_size=8, max_grad_norm=0.0, kl_coef=0.0, warmup_steps=0, remote_timeout_s=120)
     opts = {"num_cpus": 1}
     rollout = [ray.remote(RolloutWorker).options(**opts).remote(model_dir, 0, 1)]
-    reward = [ray.remote(RewardWorker).options(**opts).remote("", cfg.reward_timeout_s, 0, 1)]
+    reward = [ray.remote(RewardWorker).options(**opts).remote(RewardConfig(), 0, 1)]
     policy = [ray.remote(PolicyWorker).options(num_cpus=0.5).remote(model_dir, cfg, r, 2) for r in range(2)]
     try:
         ids = {name: ray.get([h.identity.remote() for h in hs], timeout=300)

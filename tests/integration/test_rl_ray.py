@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.config import PlacementConfig, PlacementMode, RLConfig, TrackingConfig
+from posttrain.config import PlacementConfig, PlacementMode, RewardConfig, RLConfig, TrackingConfig
 from posttrain.rl import placement as pl
 from posttrain.rl.roles.rollout import RolloutWorker
 from posttrain.rl.types import WeightReport
@@ -111,7 +111,7 @@ def _run(tmp_path, tiny, cfg: RLConfig, placement: PlacementConfig, **kw):
     from posttrain.rl.run import run_rl
 
     store, model, data = _store_inputs(tmp_path, tiny)
-    return store, run_rl(rl_cfg=cfg, placement_cfg=placement, max_seq_len=32, tracking_cfg=TRACKING,
+    return store, run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=placement, max_seq_len=32, tracking_cfg=TRACKING,
                          start_model_dir=tiny["model_dir"], dataset_dir=tiny["dataset_dir"], store_root=str(store.root),
                          run_id="test", parents=[model.id, data.id], state_dir=tmp_path / "state",
                          start_model_id=model.id, **kw), model, data

@@ -21,14 +21,14 @@ pytestmark = pytest.mark.ray
 DRIVER = r"""
 import json, sys
 import ray
-from posttrain.config import PlacementConfig, RLConfig, TrackingConfig
+from posttrain.config import PlacementConfig, RewardConfig, RLConfig, TrackingConfig
 from posttrain.rl.run import run_rl
 
 a = json.loads(sys.argv[1])
 ray.init(address=a["address"], log_to_driver=False)
 cfg = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, kl_coef=0.0, checkpoint_every=2,
                remote_timeout_s=60)
-res = run_rl(rl_cfg=cfg, placement_cfg=PlacementConfig(policy_workers=2), max_seq_len=32,
+res = run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=PlacementConfig(policy_workers=2), max_seq_len=32,
              tracking_cfg=TrackingConfig(wandb_mode="disabled"), start_model_dir=a["model_dir"],
              dataset_dir=a["dataset_dir"], store_root=a["store"], run_id="resume-test", parents=a["parents"],
              state_dir=a["state_dir"], start_model_id=a["parents"][0])

@@ -11,6 +11,7 @@ from posttrain.config.sections import (
     ModelConfig,
     PipelineConfig,
     PlacementConfig,
+    RewardConfig,
     RLConfig,
     SFTConfig,
     TrackingConfig,
@@ -21,9 +22,10 @@ def validate(cfg: PipelineConfig) -> PipelineConfig:
     """Reject invalid values and combinations; returns `cfg` unchanged when it is valid."""
     _check_data(cfg.data)
     _check_model(cfg.model, cfg.data)
-    _check_sft(cfg.sft)
-    _check_eval(cfg.eval)
-    _check_rl(cfg.rl)
+    _check_sft(cfg.sft, cfg.model)
+    _check_eval(cfg.eval, cfg.model)
+    _check_rl(cfg.rl, cfg.model)
+    _check_reward(cfg.reward)
     _check_placement(cfg.placement, cfg.rl)
     _check_tracking(cfg.tracking)
     return cfg
@@ -41,7 +43,15 @@ def _check_data(d: DataConfig) -> None:
     _check(d.num_examples >= 2, "data.num_examples", "must be >= 2")
     _check(1 <= d.num_digits <= 12, "data.num_digits", "must be between 1 and 12")
     _check(1 <= d.chain_steps <= 8, "data.chain_steps", "must be between 1 and 8")
-    _check(d.eval_size >= 1, "data.eval_size", "must be >= 1")
+    if d.eval_files:
+        _check(not d.task, "data.eval_files", "only with data.files (set data.task to \"\")")
+        _check(d.eval_size == 0, "data.eval_size",
+               "must be 0 when data.eval_files is given (the eval files are the eval split, used as given)")
+    else:
+        _check(d.eval_size >= 1, "data.eval_size", "must be >= 1 (or give data.eval_files)")
+    _check(0 <= d.demo_error_rate < 1, "data.demo_error_rate", "must be in [0, 1)")
+    _check(d.demo_error_rate == 0 or d.task == "addition", "data.demo_error_rate",
+           "only the built-in addition task has sloppy demonstrations (data.task=\"addition\")")
     _check(d.max_prompt_chars >= 1, "data.max_prompt_chars", "must be >= 1")
     _check(d.tokenizer.vocab_size >= 260, "data.tokenizer.vocab_size", "must be >= 260 (256 bytes + specials)")
     if d.task:
@@ -49,7 +59,11 @@ def _check_data(d: DataConfig) -> None:
 
 
 def _check_model(m: ModelConfig, d: DataConfig) -> None:
-    if not m.base_path:
+    _check(not (m.base_path and m.artifact), "model.artifact", "give model.base_path or model.artifact, not both")
+    if m.base_path or m.artifact:
+        _check(not d.tokenizer.train, "data.tokenizer.train",
+               "must be false when starting from a pretrained model (it brings its own tokenizer)")
+    else:
         _check(d.tokenizer.train, "data.tokenizer.train",
                "must be true when model.base_path is empty (a from-scratch model needs a tokenizer)")
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_seq_len"):
@@ -58,7 +72,10 @@ def _check_model(m: ModelConfig, d: DataConfig) -> None:
     _check(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", f"must divide model.num_heads={m.num_heads}")
 
 
-def _check_sft(s: SFTConfig) -> None:
+def _check_sft(s: SFTConfig, m: ModelConfig) -> None:
+    if not s.enabled:
+        _check(bool(m.base_path or m.artifact), "sft.enabled",
+               "false needs a model to start from: set model.base_path (a local HF folder) or model.artifact")
     _check(s.steps >= 1, "sft.steps", "must be >= 1")
     _check(s.nproc >= 1, "sft.nproc", "must be >= 1")
     _check(s.micro_batch_size >= 1, "sft.micro_batch_size", "must be >= 1")
@@ -72,22 +89,39 @@ def _check_sft(s: SFTConfig) -> None:
     _check(s.pack_length == 0 or s.pack_length >= 8, "sft.pack_length", "must be 0 (model.max_seq_len) or >= 8")
 
 
-def _check_eval(e: EvalConfig) -> None:
+def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
     _check(e.num_problems >= 0, "eval.num_problems", "must be >= 0 (0: the whole eval split)")
-    _check(e.k >= 1, "eval.k", "must be >= 1")
+    _check(e.k >= 0, "eval.k", "must be >= 0 (0: greedy accuracy only)")
     _check(e.temperature > 0, "eval.temperature", "must be > 0")
+    _check(0 < e.top_p <= 1, "eval.top_p", "must be in (0, 1]")
+    _check(e.top_k >= 0, "eval.top_k", "must be >= 0 (0: no limit)")
     _check(e.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+    _check(e.max_new_tokens < m.max_seq_len, "eval.max_new_tokens",
+           f"must be < model.max_seq_len = {m.max_seq_len} (prompt and completion share it)")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
-    _check(e.reward_fn == "" or _is_import_path(e.reward_fn), "eval.reward_fn", "must look like 'module:function'")
 
 
-def _check_rl(r: RLConfig) -> None:
+def _check_reward(w: RewardConfig) -> None:
+    _check(w.fn == "" or _is_import_path(w.fn), "reward.fn", "must look like 'module:function'")
+    _check(w.timeout_s > 0, "reward.timeout_s", "must be > 0")
+    _check(all(isinstance(p, str) and p.strip() for p in w.python_path), "reward.python_path",
+           "entries must be non-empty folder paths")
+    if w.python_path:
+        _check(bool(w.fn), "reward.python_path", "only means something with reward.fn set")
+
+
+def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.algorithm == Algorithm.GRPO, "rl.algorithm", "only 'grpo' is implemented (PPO needs the critic role)")
     _check(r.steps >= 1, "rl.steps", "must be >= 1")
     _check(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
     _check(r.samples_per_prompt >= 2, "rl.samples_per_prompt", "must be >= 2 (GRPO needs a group)")
     _check(r.temperature > 0, "rl.temperature", "must be > 0")
     _check(r.max_new_tokens >= 1, "rl.max_new_tokens", "must be >= 1")
+    _check(r.max_new_tokens < m.max_seq_len, "rl.max_new_tokens",
+           f"must be < model.max_seq_len = {m.max_seq_len} (prompt and completion share it)")
+    _check(0 < r.top_p <= 1, "rl.top_p", "must be in (0, 1]")
+    _check(r.top_k >= 0, "rl.top_k", "must be >= 0 (0: no limit)")
+    _check(0 <= r.max_reward_failure_rate <= 1, "rl.max_reward_failure_rate", "must be in [0, 1]")
     _check(r.lr > 0, "rl.lr", "must be > 0")
     _check(r.warmup_steps >= 0, "rl.warmup_steps", "must be >= 0")
     _check(r.inner_epochs >= 1, "rl.inner_epochs", "must be >= 1")
@@ -95,11 +129,9 @@ def _check_rl(r: RLConfig) -> None:
     _check(0 < r.clip_low < 1, "rl.clip_low", "must be in (0, 1)")
     _check(r.clip_high > 0, "rl.clip_high", "must be > 0")
     _check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
-    _check(r.reward_timeout_s > 0, "rl.reward_timeout_s", "must be > 0")
     _check(r.checkpoint_every >= 0, "rl.checkpoint_every", "must be >= 0")
     _check(r.drift_threshold > 0, "rl.drift_threshold", "must be > 0")
     _check(r.remote_timeout_s > 0, "rl.remote_timeout_s", "must be > 0")
-    _check(r.reward_fn == "" or _is_import_path(r.reward_fn), "rl.reward_fn", "must look like 'module:function'")
 
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:

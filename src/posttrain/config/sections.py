@@ -37,6 +37,10 @@ class DataConfig:
     """Built-in synthetic task ("addition" or "chain"), or "" to load `files`."""
     files: list[str] = field(default_factory=list)
     """Local data files (jsonl, parquet, csv) or one `save_to_disk` folder; used when `task` is ""."""
+    eval_files: list[str] = field(default_factory=list)
+    """Optional held-out files (same schema and fields as `files`), used as the eval split exactly as given:
+    no re-split, no de-duplication. Rows that also occur in the train files are counted and reported. With
+    eval files, `eval_size` must be 0."""
     format: DataFormat = DataFormat.AUTO
     """File format; AUTO picks it from each file's extension (a folder means SAVED)."""
     schema: DataSchema = DataSchema.PROMPT_COMPLETION
@@ -48,7 +52,10 @@ class DataConfig:
     completion_field: str = "completion"
     """Column holding the target completion (schema PROMPT_COMPLETION)."""
     answer_field: str = "answer"
-    """Column holding the reference answer (schema PROMPT_ANSWER)."""
+    """Column holding the reference answer (schema PROMPT_ANSWER); "" means the rows have no reference answer
+    (prompts for RL or eval with a user reward function that does not need one)."""
+    system_prompt: str = ""
+    """If set, a system turn with this text is put first in every example that does not start with one."""
     answer_marker: str = ""
     """If set (GSM8K: "####"), the reference answer is the text after the last marker in the answer or
     completion field."""
@@ -58,8 +65,12 @@ class DataConfig:
     """addition: digits per operand (zero-padded; the answer has num_digits + 1 digits)."""
     chain_steps: int = 3
     """chain: number of dependent operations, each shown with its intermediate result."""
+    demo_error_rate: float = 0.0
+    """addition: the share of SFT demonstrations written by a "sloppy teacher" who drops every carry
+    (e.g. 058+067= -> 0015 instead of 0125). Only the demonstration is wrong: the reference answer that the
+    verifier checks stays correct, so RL with the verifier can correct what SFT imitated."""
     eval_size: int = 500
-    """Number of held-out examples in the eval split (taken after de-duplication)."""
+    """Number of held-out examples in the eval split (taken after de-duplication); 0 with `eval_files`."""
     max_prompt_chars: int = 4096
     """Rows whose prompt is longer than this many characters are rejected with an error."""
     dedupe: bool = True
@@ -73,7 +84,12 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     base_path: str = ""
-    """A local HF model folder (safetensors) to start from; "" builds a tiny model from scratch."""
+    """A local HF model folder (safetensors) to start from; "" builds a tiny model from scratch (or uses
+    `artifact`)."""
+    artifact: str = ""
+    """A `model` artifact id (or unique prefix) in the store to start from instead of `base_path`."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute) in SFT and RL updates."""
     arch: Arch = Arch.LLAMA
     """Architecture of a from-scratch model."""
     hidden_size: int = 128
@@ -89,7 +105,7 @@ class ModelConfig:
     max_seq_len: int = 64
     """Longest sequence (prompt + completion, in tokens) the model trains or generates on."""
     dtype: DType = DType.FP32
-    """Compute dtype; BF16 means autocast on GPU (CPU always trains in fp32)."""
+    """Weights and compute dtype: BF16 loads the weights in bf16 on GPU; on CPU everything stays fp32."""
     init_seed: int = 0
     """Seed for from-scratch weight initialisation."""
 
@@ -106,6 +122,8 @@ class TrackingConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SFTConfig:
+    enabled: bool = True
+    """Run SFT. false: the pipeline starts RL (and evaluation) from `model.base_path` or `model.artifact`."""
     steps: int = 300
     """Optimizer steps."""
     global_batch_size: int = 64
@@ -134,6 +152,8 @@ class SFTConfig:
     """torch.distributed backend."""
     save_every: int = 100
     """Save resumable training state every this many steps (0: only at the end)."""
+    keep_state: bool = False
+    """Keep the resumable training state after the final model is stored (default: deleted then)."""
     epochs_limit: int = 0
     """Unused when 0; otherwise stop after this many passes over the data even if steps remain."""
     seed: int = 0
@@ -144,18 +164,36 @@ class SFTConfig:
 class EvalConfig:
     num_problems: int = 500
     """Held-out problems scored (at most the eval split; 0 means the whole split)."""
-    k: int = 4
-    """Samples per problem for sampled accuracy and pass@k."""
+    k: int = 0
+    """Samples per problem for sampled accuracy and pass@k; 0 means greedy accuracy only."""
     temperature: float = 1.0
     """Sampling temperature for the k samples (greedy accuracy is reported separately)."""
+    top_p: float = 1.0
+    """Nucleus sampling for the k samples: keep the smallest set of tokens with this much probability."""
+    top_k: int = 0
+    """Keep only the k most likely tokens when sampling (0: no limit)."""
     max_new_tokens: int = 16
     """Generation limit per answer."""
     batch_size: int = 256
     """Prompts per generation batch."""
     seed: int = 0
     """Sampling seed."""
-    reward_fn: str = ""
-    """Optional user scoring function "module:function" (default: the task's verifier)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    fn: str = ""
+    """User reward function "module:function" (imported, never eval'ed); "" uses the task's built-in verifier.
+    It is called with the arguments it names, taken from `prompt` (the last user text), `messages` (the
+    prompt turns), `completion`, `answer` and every column of the row by its own name (`**kwargs` gets them
+    all); a function whose first two parameters are `prompts, completions` is called once per batch with
+    lists (as TRL's reward functions are). It must return a finite number (a list of them for a batch)."""
+    python_path: list[str] = field(default_factory=list)
+    """Folders put first on the reward process's sys.path: where the function's module and its own
+    dependencies live (e.g. a `pip install --target DIR` folder). Must exist where RL and eval run."""
+    timeout_s: float = 5.0
+    """Per-call time limit (per batch for a batch function); the function runs in a separate process that
+    is killed and replaced when it overruns."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +210,10 @@ class RLConfig:
     """Completions per prompt (the GRPO group size)."""
     temperature: float = 1.0
     """Rollout sampling temperature."""
+    top_p: float = 1.0
+    """Rollout nucleus sampling (1.0: off). Log-probs are those of the truncated distribution sampled from."""
+    top_k: int = 0
+    """Rollout top-k sampling (0: off)."""
     max_new_tokens: int = 16
     """Rollout generation limit."""
     lr: float = 3e-5
@@ -197,12 +239,13 @@ class RLConfig:
     """Divide group-centred rewards by the group's std (Dr. GRPO leaves this off)."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold; 0 disables."""
-    reward_fn: str = ""
-    """User reward function "module:function"; "" uses the task's verifier."""
-    reward_timeout_s: float = 5.0
-    """Per-call time limit for a user reward function (it runs in a separate process)."""
+    max_reward_failure_rate: float = 0.1
+    """Stop the run when more than this share of one step's reward calls fail (raise, time out, return a
+    non-number or a non-finite one), naming the function, the count and one example."""
     checkpoint_every: int = 20
     """Save a model artifact and the training state every this many steps (0: only at the end)."""
+    keep_state: bool = False
+    """Keep the resumable training state after the final model is stored (default: deleted then)."""
     drift_threshold: float = 0.05
     """Fail when mean |rollout logprob - policy logprob| over the same tokens exceeds this."""
     remote_timeout_s: float = 300.0
@@ -238,5 +281,7 @@ class PipelineConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """The scoring function shared by RL and evaluation."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

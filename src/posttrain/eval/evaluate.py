@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.config import EvalConfig
+from posttrain.config import EvalConfig, RewardConfig
 from posttrain.data import verifiers
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages, read_examples
@@ -21,7 +21,9 @@ from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rewards import load_reward_fn
 
 
-def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, *, device: str = "cpu") -> EvalReport:
+def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, reward: RewardConfig | None = None, *,
+             device: str = "cpu") -> EvalReport:
+    reward = reward or RewardConfig()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tok = load_model(model_dir, device=device), load_tokenizer(model_dir)
     problems = [ex for ex in read_examples(dataset_dir, "eval") if ex.get("answer") is not None]
@@ -29,7 +31,7 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, *,
         problems = problems[: cfg.num_problems]
     if not problems:
         raise ValueError(f"{dataset_dir}: the eval split has no problems with a reference answer to score")
-    user_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn else None
+    user_fn = load_reward_fn(reward.fn) if reward.fn else None
 
     def correct(text: str, ex: dict) -> bool:
         if user_fn is not None:
@@ -54,6 +56,6 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, *,
         sampled_accuracy=sum(sum(r) for r in s_ok) / (len(problems) * cfg.k),
         pass_at_k=sum(any(r) for r in s_ok) / len(problems),
         num_problems=len(problems), k=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed, scorer=cfg.reward_fn or f"verifier:{problems[0].get('task')}",
+        seed=cfg.seed, scorer=reward.fn or f"verifier:{problems[0].get('task')}",
         mean_response_tokens=n_tokens / len(greedy + sampled), seconds=seconds,
         generated_tokens_per_s=n_tokens / seconds, samples=samples)

@@ -1,6 +1,6 @@
 """The Ray entry point of the RL stage: placement + role actors + ONE controller actor, then wait.
 
-    result = run_rl(rl_cfg=..., placement_cfg=..., max_seq_len=32, tracking_cfg=..., start_model_dir=...,
+    result = run_rl(rl_cfg=..., reward_cfg=..., placement_cfg=..., max_seq_len=32, tracking_cfg=..., start_model_dir=...,
                     dataset_dir=..., store_root=..., run_id=..., parents=[start_id, dataset_id],
                     state_dir=..., start_model_id=start_id)
 
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from posttrain.artifacts import ArtifactRef
-from posttrain.config import PlacementConfig, RLConfig, TrackingConfig, to_dict
+from posttrain.config import PlacementConfig, RewardConfig, RLConfig, TrackingConfig, to_dict
 from posttrain.rl import placement as pl
 from posttrain.rl.metrics import StepMetrics
 
@@ -47,6 +47,7 @@ class RunSpec:
     """Everything the controller actor needs besides the actor handles."""
 
     rl_cfg: RLConfig
+    reward_cfg: RewardConfig
     placement_cfg: PlacementConfig
     tracking_cfg: TrackingConfig
     max_seq_len: int
@@ -87,10 +88,10 @@ class ControllerActor:
         examples = read_examples(spec.dataset_dir, "train")
         sampler = PromptSampler(examples, load_tokenizer(spec.start_model_dir), prompts_per_step=cfg.prompts_per_step,
                                 seed=cfg.seed, max_prompt_len=spec.max_seq_len - cfg.max_new_tokens)
-        config = {"rl": to_dict(cfg), "placement": to_dict(spec.placement_cfg), "max_seq_len": spec.max_seq_len}
+        config = {"rl": to_dict(cfg), "reward": to_dict(spec.reward_cfg), "placement": to_dict(spec.placement_cfg), "max_seq_len": spec.max_seq_len}
         self.checkpointer = Checkpointer(
             state_dir=spec.state_dir, store_root=spec.store_root, run_id=spec.run_id, parents=spec.parents,
-            config=config, extra={"reward": reward_identity(cfg.reward_fn, [e.get("task") for e in examples]),
+            config=config, extra={"reward": reward_identity(spec.reward_cfg.fn, [e.get("task") for e in examples]),
                                   "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value})
         latest = self.checkpointer.latest()
         tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", run_dir=os.path.join(spec.state_dir, "wandb"),
@@ -116,7 +117,7 @@ def default_workers() -> dict[str, type]:
     return {"rollout": RolloutWorker, "reward": RewardWorker, "reference": ReferenceWorker, "policy": PolicyWorker}
 
 
-def run_rl(*, rl_cfg: RLConfig, placement_cfg: PlacementConfig, max_seq_len: int, tracking_cfg: TrackingConfig,
+def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, placement_cfg: PlacementConfig, max_seq_len: int, tracking_cfg: TrackingConfig,
            start_model_dir, dataset_dir, store_root: str, run_id: str, parents: list[str], state_dir,
            start_model_id: str, placement_timeout_s: float = 120.0, workers: dict[str, type] | None = None) -> RLResult:
     import ray
@@ -137,13 +138,13 @@ def run_rl(*, rl_cfg: RLConfig, placement_cfg: PlacementConfig, max_seq_len: int
         n = {r: len(p.bundle_indices) for r, p in roles.items()}
         init_args = {  # role -> constructor arguments of its rank-th worker
             "rollout": lambda rank: (model_dir, rank, n["rollout"]),
-            "reward": lambda rank: (cfg.reward_fn, cfg.reward_timeout_s, rank, n["reward"]),
+            "reward": lambda rank: (reward_cfg, rank, n["reward"]),
             "reference": lambda rank: (model_dir, rank, n["reference"]),
             "policy": lambda rank: (model_dir, cfg, rank, n["policy"]),
         }
         handles = {role: pl.create_role_actors(workers[role], roles[role], pgs, init_args[role]) for role in roles}
         actors = [h for hs in handles.values() for h in hs]
-        spec = RunSpec(rl_cfg=cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg, max_seq_len=max_seq_len,
+        spec = RunSpec(rl_cfg=cfg, reward_cfg=reward_cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg, max_seq_len=max_seq_len,
                        start_model_dir=model_dir, dataset_dir=str(dataset_dir), store_root=str(store_root),
                        run_id=run_id, parents=list(parents), state_dir=str(state_dir), start_model_id=start_model_id)
         controller = pl.create_controller_actor(ControllerActor, spec, handles)

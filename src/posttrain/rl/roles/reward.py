@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from posttrain.config import RewardConfig
 from posttrain.data import verifiers
 from posttrain.rl.dispatch import split_even
 from posttrain.rewards import RewardSandbox
@@ -15,10 +16,10 @@ from posttrain.rl.types import Rewards, Trajectories, WorkerId
 
 
 class RewardWorker:
-    def __init__(self, reward_fn: str, timeout_s: float, rank: int, world_size: int):
+    def __init__(self, reward_cfg: RewardConfig, rank: int, world_size: int):
         single_threaded()
         self.id = worker_identity("reward", rank, world_size)
-        self.sandbox = RewardSandbox(reward_fn, timeout_s) if reward_fn else None
+        self.sandbox = RewardSandbox(reward_cfg.fn, reward_cfg.timeout_s) if reward_cfg.fn else None
 
     def identity(self) -> WorkerId:
         return self.id
