@@ -4,12 +4,20 @@ Layout under the root (a local folder or any fsspec URL):
 
     objects/<id>/files/...        the artifact's files
     objects/<id>/manifest.json    written LAST: an object without a manifest does not exist
+    blobs/<sha[:2]>/<sha256>      local roots: one hard link per distinct file content (see below)
     cache/<key>.json              stage cache: input key -> artifact id
     tmp/                          local writes are staged here and renamed into objects/ (atomic)
     index.sqlite                  a cache of the manifests (local roots); delete it and it is rebuilt
 
-Reads verify every file's sha256 against the manifest. What this leaves out: garbage collection and
-locking between concurrent writers of *different* content (the same content is idempotent by design).
+Reads verify every file's sha256 against the manifest. Identical files are stored once (local roots): a
+file whose sha256 is already in `blobs/` is hard-linked into the new artifact instead of copied, after the
+blob is re-hashed (a blob edited in place is never linked into a new artifact; it is replaced). So a model
+whose weights equal an earlier artifact's (a pass-through, an RL checkpoint with an unchanged policy, the
+tokenizer files every checkpoint of one base model carries) costs no extra disk. Linked files share one
+inode: editing one stored copy in place changes every artifact that holds it, and `verify` reports each.
+What this leaves out: garbage collection (an artifact's disk is freed once its objects/ folder AND the
+blobs no other artifact links - `st_nlink == 1` - are deleted), de-duplication on fsspec (remote) roots,
+and locking between concurrent writers of *different* content (the same content is idempotent by design).
 """
 
 from __future__ import annotations
@@ -118,11 +126,20 @@ class ArtifactStore:
         tmp_root.mkdir(exist_ok=True)
         self._clean_stale_tmp(tmp_root)
         stage = Path(tempfile.mkdtemp(prefix=f"{manifest.id[:12]}-{os.getpid()}-", dir=tmp_root))
+        linked: set[str] = set()
+
+        def link_or_copy(src_file: str, dst_file: str) -> None:
+            meta = manifest.files[Path(os.path.relpath(src_file, src)).as_posix()]
+            if self._link_blob(meta, Path(dst_file)):
+                linked.add(dst_file)
+            else:
+                shutil.copy2(src_file, dst_file)
+
         try:
-            shutil.copytree(src, stage / "files")
+            shutil.copytree(src, stage / "files", copy_function=link_or_copy)
             (stage / "manifest.json").write_text(manifest.to_json())
             for f in stage.rglob("*"):
-                if f.is_file():
+                if f.is_file() and str(f) not in linked:  # a linked blob is already on disk
                     with open(f, "rb") as fh:
                         os.fsync(fh.fileno())
             (Path(self.root) / "objects").mkdir(exist_ok=True)
@@ -131,8 +148,46 @@ class ArtifactStore:
             except OSError:
                 if not self.exists(manifest.id):  # lost a race against the same content: fine
                     raise
+                return
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+        self._add_blobs(manifest)
+
+    def _blob(self, sha256: str) -> Path:
+        return Path(self.root) / "blobs" / sha256[:2] / sha256
+
+    def _link_blob(self, meta: dict, dst: Path) -> bool:
+        """Hard-link the stored blob with this content to `dst`; False when there is none (or it no longer
+        holds that content, or the filesystem has no hard links): the caller copies the file instead."""
+        blob = self._blob(meta["sha256"])
+        try:
+            if blob.stat().st_size != meta["size"]:
+                raise ValueError
+            with open(blob, "rb") as fh:
+                if sha256_stream(fh) != meta["sha256"]:  # edited in place: never spread it to a new artifact
+                    raise ValueError
+            os.link(blob, dst)
+            return True
+        except FileNotFoundError:
+            return False
+        except ValueError:
+            blob.unlink(missing_ok=True)  # the next put of this content becomes the new blob
+            return False
+        except OSError:
+            return False
+
+    def _add_blobs(self, manifest: Manifest) -> None:
+        """Record the new artifact's files as the blobs later puts link to (after the rename: a blob never
+        points into a staging folder). Missing a blob only costs de-duplication, never correctness."""
+        for rel, meta in manifest.files.items():
+            blob = self._blob(meta["sha256"])
+            if blob.exists():
+                continue
+            try:
+                blob.parent.mkdir(parents=True, exist_ok=True)
+                os.link(self._obj(manifest.id, "files", rel), blob)
+            except OSError:  # FileExistsError (a concurrent writer), or no hard links on this filesystem
+                pass
 
     @staticmethod
     def _clean_stale_tmp(tmp_root: Path) -> None:
