@@ -14,8 +14,10 @@ DataOut = NamedTuple("DataOut", [("dataset", ArtifactRef), ("tokenizer", Optiona
 
 
 @task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"))
-def data_prep(cfg: DataConfig, run_id: str) -> DataOut:
+def data_prep(cfg: DataConfig, require_completions: bool, run_id: str) -> DataOut:
+    """`require_completions` (the workflows pass `sft.enabled`): every train row must end with an assistant
+    turn, because SFT will train on it."""
     from posttrain import stages
 
-    out = stages.data_prep(cfg, run_id=run_id)
+    out = stages.data_prep(cfg, require_completions=require_completions, run_id=run_id)
     return DataOut(out.dataset, out.tokenizer)

@@ -26,7 +26,7 @@ from tasks.summary import Summary, summarize
 def data_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> ArtifactRef:
     """Data prep only: writes (or finds in the cache) the dataset and tokenizer artifacts."""
     p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
-    d = data_prep(cfg=p.data, run_id=p.run_id)
+    d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     return d.dataset
 
 
@@ -34,7 +34,7 @@ def data_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "
 def sft_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> Summary:
     """data prep -> SFT -> evaluation."""
     p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
-    d = data_prep(cfg=p.data, run_id=p.run_id)
+    d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
             run_id=p.run_id)
     e = evaluate(cfg=p.eval, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id)
@@ -46,7 +46,7 @@ def sft_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = ""
 def pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> Summary:
     """data prep -> SFT -> evaluation -> RL (GRPO) -> evaluation: the main job of `make run`."""
     p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
-    d = data_prep(cfg=p.data, run_id=p.run_id)
+    d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
             run_id=p.run_id)
     e1 = evaluate(cfg=p.eval, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id)

@@ -23,7 +23,7 @@ from tasks.sft import sft
 def retrain(recipe: str = "tiny_cpu", overrides: str = "", channel: str = "production",
             min_accuracy: float = 0.5) -> Promotion:
     p = plan(recipe=recipe, overrides=overrides, run_id="")
-    d = data_prep(cfg=p.data, run_id=p.run_id)
+    d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
             run_id=p.run_id)
     r = rl(rl=p.rl, reward=p.reward, placement=p.placement, max_seq_len=p.model.max_seq_len,

@@ -48,13 +48,16 @@ class DataOutputs:
     tokenizer: ArtifactRef | None
 
 
-def data_prep(cfg: DataConfig, *, run_id: str, store: ArtifactStore | None = None) -> DataOutputs:
-    """Build (or find in the cache) the dataset artifact and, for from-scratch models, the tokenizer."""
+def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
+              store: ArtifactStore | None = None) -> DataOutputs:
+    """Build (or find in the cache) the dataset artifact and, for from-scratch models, the tokenizer.
+
+    `require_completions` (pass `sft.enabled`): every train row must end with an assistant turn."""
     from posttrain.data.prepare import prepare_dataset, source_fingerprint
     from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 
     store = store or ArtifactStore()
-    key = store.cache_key("data_prep", to_dict(cfg), source_fingerprint(cfg),
+    key = store.cache_key("data_prep", to_dict(cfg), source_fingerprint(cfg), require_completions,
                           source_digest("data", "models/tokenizer.py"))
     ds_ref = store.cache_get(key + "-dataset")
     tok_ref = store.cache_get(key + "-tokenizer") if cfg.tokenizer.train else None
@@ -65,9 +68,12 @@ def data_prep(cfg: DataConfig, *, run_id: str, store: ArtifactStore | None = Non
     name = cfg.task or Path(cfg.files[0]).stem
     with tempfile.TemporaryDirectory(prefix="posttrain-data-") as tmp:
         ds_dir = Path(tmp) / "dataset"
-        info = prepare_dataset(cfg, ds_dir)
+        info = prepare_dataset(cfg, ds_dir, require_completions=require_completions)
         ds_ref = store.put("dataset", name, ds_dir, run_id=run_id, parents=[], config=to_dict(cfg),
-                           metrics={"num_train": info.num_train, "num_eval": info.num_eval})
+                           metrics={"num_train": info.num_train, "num_eval": info.num_eval,
+                                    "num_duplicates": info.num_duplicates,
+                                    "num_eval_in_train": info.num_eval_in_train},
+                           extra={"require_completions": require_completions})
         store.cache_put(key + "-dataset", ds_ref)
         if cfg.tokenizer.train:
             tok_dir = Path(tmp) / "tokenizer"
@@ -75,8 +81,8 @@ def data_prep(cfg: DataConfig, *, run_id: str, store: ArtifactStore | None = Non
             tok_ref = store.put("tokenizer", f"{name}-bpe{cfg.tokenizer.vocab_size}", tok_dir, run_id=run_id,
                                 parents=[ds_ref.id], config=to_dict(cfg.tokenizer))
             store.cache_put(key + "-tokenizer", tok_ref)
-    print(f"data_prep: dataset {ds_ref.short} ({info.num_train} train / {info.num_eval} eval)"
-          + (f", tokenizer {tok_ref.short}" if tok_ref else ""))
+    print(f"data_prep: dataset {ds_ref.short} ({info.num_train} train / {info.num_eval} eval, "
+          f"{info.num_eval_in_train} eval rows also in train)" + (f", tokenizer {tok_ref.short}" if tok_ref else ""))
     return DataOutputs(dataset=ds_ref, tokenizer=tok_ref)
 
 

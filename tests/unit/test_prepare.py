@@ -40,15 +40,20 @@ def _write(path, fmt, rows):
 @pytest.mark.parametrize("schema", [DataSchema.PROMPT_COMPLETION, DataSchema.PROMPT_ANSWER])
 def test_every_format_and_schema(tmp_path, fmt, schema):
     src = _write(tmp_path / (f"d.{fmt}" if fmt != "saved" else "saved"), fmt, ROWS)
-    info = prepare_dataset(_cfg([src], schema=schema), tmp_path / "out")
+    info = prepare_dataset(_cfg([src], schema=schema), tmp_path / "out",
+                           require_completions=schema == DataSchema.PROMPT_COMPLETION)
     assert (info.num_train, info.num_eval) == (10, 2)
     ex = sorted(read_examples(tmp_path / "out", "train") + read_examples(tmp_path / "out", "eval"),
                 key=lambda e: int(e["messages"][0]["content"].split()[0][1:]))
     assert ex[3]["messages"][0] == {"role": "user", "content": "q3 ünïcødé 🙂"}  # structured, not templated
     if schema == DataSchema.PROMPT_COMPLETION:
         assert ex[3]["messages"][1] == {"role": "assistant", "content": "a3"} and ex[3]["answer"] is None
+        # columns the schema does not use are kept (as the reader typed them: csv infers numbers)
+        assert ex[3]["columns"] == {"answer": 3 if fmt == "csv" else "3", "extra": 3}
     else:
         assert len(ex[3]["messages"]) == 1 and ex[3]["answer"] == "3" and ex[3]["task"] == "exact"
+        assert ex[3]["columns"] == {"completion": "a3", "extra": 3}
+    assert info.columns == sorted(ex[3]["columns"])
 
 
 def test_chat_messages_and_gsm8k_marker(tmp_path):
@@ -63,7 +68,7 @@ def test_chat_messages_and_gsm8k_marker(tmp_path):
     gsm = [{"question": f"Q{i}", "answer": f"work {i}\n#### 1,{i:03d}"} for i in range(6)]
     src2 = _write(tmp_path / "gsm.jsonl", "jsonl", gsm)
     prepare_dataset(_cfg([src2], schema=DataSchema.PROMPT_ANSWER, prompt_field="question", answer_marker="####"),
-                    tmp_path / "out2")
+                    tmp_path / "out2", require_completions=False)
     answers = sorted(e["answer"] for e in read_examples(tmp_path / "out2", "train"))
     assert answers[0] == "1,000" and verifiers.score("exact", "1000", "1,000") == 1.0
 

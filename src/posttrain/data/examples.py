@@ -1,4 +1,8 @@
-"""Reading and writing the dataset artifact's structured examples (one canonical JSON object per line)."""
+"""Reading and writing the dataset artifact's structured examples (one canonical JSON object per line).
+
+An example is {"messages": [{"role", "content"}...], "answer": str | None, "task": str | None,
+"columns": {name: JSON value}}: "columns" holds the source row's other columns ({} for built-in tasks; a
+dataset written without it reads as {})."""
 
 from __future__ import annotations
 
@@ -25,7 +29,10 @@ def read_examples(dataset_dir: str | Path, split: str) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"dataset split {split!r} not found: {path}")
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        examples = [json.loads(line) for line in f if line.strip()]
+    for ex in examples:  # datasets written before extra columns were kept have none
+        ex.setdefault("columns", {})
+    return examples
 
 
 def prompt_messages(example: dict) -> list[dict]:

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from posttrain.config import DataConfig, DataFormat
+from posttrain.config import DataFormat
 from posttrain.data.validation import Problems
 
 _EXT = {".jsonl": DataFormat.JSONL, ".json": DataFormat.JSONL, ".parquet": DataFormat.PARQUET,
@@ -31,21 +31,23 @@ def detect_format(path: Path, fmt: DataFormat) -> DataFormat:
     return _EXT[path.suffix.lower()]
 
 
-def iter_rows(cfg: DataConfig, problems: Problems) -> Iterator[tuple[str, dict]]:
-    """(location, row) for every row of every configured file; unreadable rows are recorded as problems."""
-    if not cfg.files:
-        problems.add("data.files", None, "no data files given")
+def iter_rows(files: list[str], fmt: DataFormat, problems: Problems, *,
+              setting: str = "data.files") -> Iterator[tuple[str, dict]]:
+    """(location, row) for every row of every file in `files` (the config `setting` that lists them);
+    unreadable rows are recorded as problems."""
+    if not files:
+        problems.add(setting, None, "no data files given")
         return
-    for name in cfg.files:
+    for name in files:
         path = Path(name)
         if not path.exists():
-            problems.add(str(path), None, "file or folder does not exist")
+            problems.add(str(path), None, f"file or folder does not exist (listed in {setting})")
             continue
-        fmt = detect_format(path, cfg.format)
-        if fmt == DataFormat.JSONL:
+        file_fmt = detect_format(path, fmt)
+        if file_fmt == DataFormat.JSONL:
             yield from _jsonl(path, problems)
         else:
-            yield from _hf(path, fmt, problems)
+            yield from _hf(path, file_fmt, problems)
 
 
 def _jsonl(path: Path, problems: Problems) -> Iterator[tuple[str, dict]]:

@@ -2,7 +2,15 @@
 
 Writes `train.jsonl`, `eval.jsonl` and `info.json` into `out_dir` (staged in a sibling temp folder and
 renamed, so a failure leaves nothing half-written). Same input -> byte-identical files. Examples stay
-structured (chat messages + reference answer): each model applies its own chat template when it trains.
+structured ({"messages", "answer", "task", "columns"}): each model applies its own chat template when it
+trains, and a reward function can read the row's other columns.
+
+The eval split is either held out of the de-duplicated examples (`data.eval_size`, a seeded shuffle) or
+the rows of `data.eval_files` exactly as given (no re-split, no de-duplication); either way, the eval rows
+whose prompt turns also occur in the train split are counted and reported. `data.system_prompt` is put
+first in every example that does not start with a system turn. When SFT will train on the data
+(`require_completions`), every train row must end with an assistant turn. Token lengths are not measured
+here (there is no tokenizer yet): see `posttrain.data.lengths.check_budget`.
 """
 
 from __future__ import annotations
@@ -16,9 +24,9 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from posttrain.config import DataConfig
+from posttrain.config import DataConfig, DataSchema
 from posttrain.data import synthetic
-from posttrain.data.examples import dumps, write_jsonl
+from posttrain.data.examples import dumps, prompt_messages, write_jsonl
 from posttrain.data.loaders import iter_rows
 from posttrain.data.validation import DataValidationError, Problems, to_example
 
@@ -26,19 +34,28 @@ from posttrain.data.validation import DataValidationError, Problems, to_example
 @dataclass(frozen=True, kw_only=True)
 class DatasetInfo:
     task: str | None
+    """The built-in task, or None for user files."""
     schema: str
     num_train: int
     num_eval: int
     num_duplicates: int
+    """Train rows dropped as exact duplicates (same turns and answer) of an earlier row."""
+    num_eval_in_train: int
+    """Eval rows whose prompt turns also occur in the train split (a held-out score is then optimistic)."""
+    eval_from_files: bool
+    """True when the eval split is `data.eval_files` as given, False when it was held out of `data.files`."""
+    require_completions: bool
+    """Every train row was required to end with an assistant turn (SFT trains on it)."""
+    columns: list[str]
+    """Names of the extra source columns kept under each example's "columns" (sorted)."""
     sources: list[dict]
+    """{"path", "sha256", "split"} for every source file ("train" for data.files, "eval" for data.eval_files)."""
 
 
-def source_fingerprint(cfg: DataConfig) -> str:
-    """sha256 over the bytes of every source file (a saved folder is walked), or "synthetic"."""
-    if cfg.task:
-        return "synthetic"
+def _digest(paths: list[str]) -> str:
+    """sha256 over the bytes of every file (a saved folder is walked), with the paths."""
     h = hashlib.sha256()
-    for name in cfg.files:
+    for name in paths:
         p = Path(name)
         files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
         for f in files:
@@ -47,46 +64,103 @@ def source_fingerprint(cfg: DataConfig) -> str:
     return h.hexdigest()
 
 
-def load_examples(cfg: DataConfig) -> list[dict]:
-    """All validated examples, in source order; raises DataValidationError listing every problem."""
+def source_fingerprint(cfg: DataConfig) -> str:
+    """sha256 over the bytes of every source file, train and eval files apart, or "synthetic"."""
     if cfg.task:
-        return synthetic.TASKS[cfg.task](cfg)
-    problems, out = Problems(), []
-    for where, row in iter_rows(cfg, problems):
-        ex = to_example(row, where, cfg, problems)
+        return "synthetic"
+    if not cfg.eval_files:
+        return _digest(cfg.files)
+    return hashlib.sha256(f"files={_digest(cfg.files)} eval_files={_digest(cfg.eval_files)}".encode()).hexdigest()
+
+
+def with_system_prompt(example: dict, system_prompt: str) -> dict:
+    """`example` with a system turn first, unless `system_prompt` is "" or the chat already opens with one."""
+    msgs = example["messages"]
+    if not system_prompt or (msgs and msgs[0]["role"] == "system"):
+        return example
+    return {**example, "messages": [{"role": "system", "content": system_prompt}] + msgs}
+
+
+def _load_files(files: list[str], setting: str, cfg: DataConfig, problems: Problems,
+                require_completion: bool) -> list[dict]:
+    out = []
+    for where, row in iter_rows(files, cfg.format, problems, setting=setting):
+        ex = to_example(row, where, cfg, problems, require_completion=require_completion)
         if ex is not None:
-            out.append(ex)
-    problems.raise_if_any()
+            out.append(with_system_prompt(ex, cfg.system_prompt))
     return out
 
 
-def prepare_dataset(cfg: DataConfig, out_dir: str | Path) -> DatasetInfo:
+def load_examples(cfg: DataConfig, *, require_completions: bool) -> tuple[list[dict], list[dict] | None]:
+    """(train examples, eval examples or None without `data.eval_files`), validated, in source order.
+
+    Raises DataValidationError listing every problem of every file."""
+    if cfg.task:
+        examples = [{**ex, "columns": ex.get("columns", {})} for ex in synthetic.TASKS[cfg.task](cfg)]
+        return [with_system_prompt(ex, cfg.system_prompt) for ex in examples], None
+    if require_completions and cfg.schema == DataSchema.PROMPT_ANSWER:
+        raise DataValidationError([
+            f"data.schema: {cfg.schema.value!r} rows ({', '.join(cfg.files)}) are prompts without completions, "
+            f"but SFT is enabled and needs an assistant reply to train on; set sft.enabled false for RL/eval-only "
+            f"prompt data, or give prompt/completion pairs (schema 'prompt_completion') or chats ('messages')"])
+    problems = Problems()
+    train = _load_files(cfg.files, "data.files", cfg, problems, require_completions)
+    held = _load_files(cfg.eval_files, "data.eval_files", cfg, problems, False) if cfg.eval_files else None
+    problems.raise_if_any()
+    return train, held
+
+
+def _dedupe(examples: list[dict]) -> list[dict]:
+    """Exact duplicates (same turns and answer; other columns are not compared) dropped, first one kept."""
+    seen, unique = set(), []
+    for ex in examples:
+        k = dumps({"m": ex["messages"], "a": ex["answer"]})
+        if k not in seen:
+            seen.add(k)
+            unique.append(ex)
+    return unique
+
+
+def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions: bool = True) -> DatasetInfo:
+    """Validate, de-duplicate and split the data into `out_dir`; nothing is written when anything is wrong.
+
+    `require_completions`: SFT will train on the train split, so every train row must end with an assistant
+    turn (prompt-only data is refused, naming the file and line). Pass `sft.enabled`. The default is the
+    stricter choice; it changes nothing for the built-in tasks, whose rows all have completions."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"dataset output folder {out_dir} is not empty")
-    examples = load_examples(cfg)
+    examples, held = load_examples(cfg, require_completions=require_completions)
     n_before = len(examples)
     if cfg.dedupe:
-        seen, unique = set(), []
-        for ex in examples:
-            k = dumps({"m": ex["messages"], "a": ex["answer"]})
-            if k not in seen:
-                seen.add(k)
-                unique.append(ex)
-        examples = unique
+        examples = _dedupe(examples)
     where = "data.files" if cfg.files else f"data.task={cfg.task}"
     if not examples:
         raise DataValidationError([f"{where}: nothing left after filtering and de-duplication"])
-    if len(examples) <= cfg.eval_size:
-        raise DataValidationError([f"data.eval_size: {cfg.eval_size} eval examples requested but only "
-                                   f"{len(examples)} unique examples exist ({where}); lower data.eval_size"])
     order = list(range(len(examples)))
     random.Random(f"split-{cfg.seed}").shuffle(order)
-    eval_ex = [examples[i] for i in sorted(order[: cfg.eval_size])]
-    train_ex = [examples[i] for i in order[cfg.eval_size:]]
-    sources = [{"path": str(f), "sha256": source_fingerprint(DataConfig(task="", files=[f]))} for f in cfg.files]
+    if held is not None:
+        if not held:
+            raise DataValidationError([f"data.eval_files: no rows in {', '.join(cfg.eval_files)}"])
+        eval_ex, train_ex = held, [examples[i] for i in order]
+    else:
+        if len(examples) <= cfg.eval_size:
+            raise DataValidationError([f"data.eval_size: {cfg.eval_size} eval examples requested but only "
+                                       f"{len(examples)} unique examples exist ({where}); lower data.eval_size"])
+        eval_ex = [examples[i] for i in sorted(order[: cfg.eval_size])]
+        train_ex = [examples[i] for i in order[cfg.eval_size:]]
+    train_prompts = {dumps(prompt_messages(ex)) for ex in train_ex}
+    in_train = sum(dumps(prompt_messages(ex)) in train_prompts for ex in eval_ex)
+    if held is not None or in_train:
+        print(f"data prep: {in_train} of {len(eval_ex)} eval rows also occur in the train split (same prompt turns)"
+              + (" - held-out scores on them are optimistic" if in_train else ""))
+    sources = ([{"path": str(f), "sha256": _digest([f]), "split": "train"} for f in cfg.files]
+               + [{"path": str(f), "sha256": _digest([f]), "split": "eval"} for f in cfg.eval_files])
+    columns = sorted({c for ex in train_ex + eval_ex for c in ex["columns"]})
     info = DatasetInfo(task=cfg.task or None, schema=cfg.schema.value, num_train=len(train_ex),
-                       num_eval=len(eval_ex), num_duplicates=n_before - len(examples), sources=sources)
+                       num_eval=len(eval_ex), num_duplicates=n_before - len(examples), num_eval_in_train=in_train,
+                       eval_from_files=held is not None, require_completions=require_completions,
+                       columns=columns, sources=sources)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir.parent))
