@@ -1,10 +1,26 @@
 """Batched generation with a KV cache and exact per-token log-probs; the same log-probs teacher-forced.
 
-One explicit decoding loop (left padding, DynamicCache, stop at EOS) serves evaluation and the RL rollout
-role. Only the temperature shapes the sampling distribution (no top-k/top-p/penalties), and each sampled
-token's log-prob is log_softmax(raw_logits / temperature) - the distribution actually sampled from.
-`sequence_logprobs` computes the same quantity with one teacher-forced forward (the policy's view); with
-identical weights the two agree within float error (tested at 1e-4 in fp32).
+One explicit decoding loop (left padding under an attention mask, DynamicCache) serves evaluation and the RL
+rollout role. A row stops at the first of ANY of its stop ids (`eos_id`: one id or a list - instruct models
+often have several, see posttrain.models.io.eos_token_ids).
+
+Sampling distribution: logits / temperature, then top-k (keep the k largest; ties at the k-th value are
+kept), then top-p on the top-k-renormalised distribution (keep the smallest prefix of the sorted tokens whose
+probability reaches top_p; the most likely token always stays), then renormalise - the order of HF's
+TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper. The log-prob recorded for each sampled
+token is its log-prob under THAT truncated, renormalised distribution, i.e. the distribution actually
+sampled from. `sampling_logprobs` is the one function that computes it, for the sampler and for the
+teacher-forced side (`sequence_logprobs`, the policy's update and the reference), so the rollout/policy
+drift check and the importance ratio compare like with like (tested at 1e-4 in fp32).
+
+Teacher-forced, the truncation set is computed from the scoring model's own logits and the target token is
+always kept in it: a token sampled by the rollout can fall just outside the policy's top-p set after an
+update, in another precision (bf16 rollout, fp32 policy), or under the reference model's weights; keeping it
+gives a finite log-prob (of the renormalised set plus that token) instead of -inf. When the target is inside
+the set - always for the sampler itself - nothing changes.
+
+Greedy decoding (temperature 0) records log_softmax(logits) at temperature 1 and ignores top-k/top-p (they
+cannot change the argmax).
 """
 
 from __future__ import annotations
@@ -21,14 +37,59 @@ class Generation:
     response_ids: list[int]
     """Generated tokens, including the EOS token when the sample finished."""
     logprobs: list[float]
-    """Per response token: log_softmax(logits / temperature) of the chosen token (temperature 1 if greedy)."""
+    """Per response token: the chosen token's log-prob under the distribution it was sampled from
+    (`sampling_logprobs`: temperature, top-k, top-p, renormalised); log_softmax(logits) if greedy."""
     finished: bool
 
 
+def _truncation_mask(logits: torch.Tensor, top_p: float, top_k: int,
+                     keep: torch.Tensor | None = None) -> torch.Tensor | None:
+    """(N, V) tempered logits -> (N, V) bool, True where a token is cut by top-k / top-p (None: nothing cut).
+    `keep` (N,) token ids that are never cut."""
+    V = logits.shape[-1]
+    cut = None
+    if 0 < top_k < V:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (N, 1)
+        cut = logits < kth
+    if top_p < 1.0:
+        x = logits if cut is None else logits.masked_fill(cut, float("-inf"))
+        probs, order = torch.softmax(x, dim=-1).sort(dim=-1, descending=True)  # (N, V)
+        mass_before = probs.cumsum(-1) - probs  # probability of the tokens ranked above
+        cut_sorted = mass_before >= top_p  # the first token has 0 before it: always kept
+        cut_p = torch.zeros_like(cut_sorted).scatter(-1, order, cut_sorted)
+        cut = cut_p if cut is None else cut | cut_p
+    if cut is not None and keep is not None:
+        cut = cut.scatter(-1, keep[:, None], False)
+    return cut
+
+
+def sampling_logprobs(logits: torch.Tensor, targets: torch.Tensor | None, temperature: float, top_p: float = 1.0,
+                      top_k: int = 0, *, chunk_rows: int = 1024) -> torch.Tensor:
+    """Log-probs under the sampling distribution: softmax of logits / temperature after top-k and top-p
+    truncation, renormalised over the kept tokens.
+
+    (..., V) logits, (...) targets -> (...) log-probs of the targets; the target is never truncated away.
+    With `targets` None: (..., V) the whole truncated log-distribution (-inf where cut), as the sampler uses.
+    Differentiable in `logits` (the truncation set itself is a constant); the sort that top-p needs runs
+    without grad in chunks of `chunk_rows` rows."""
+    shape = logits.shape
+    x = logits.float().reshape(-1, shape[-1]) / temperature  # (N, V)
+    tgt = targets.reshape(-1) if targets is not None else None
+    if top_p < 1.0 or 0 < top_k < shape[-1]:
+        with torch.no_grad():
+            parts = [_truncation_mask(x[i:i + chunk_rows], top_p, top_k,
+                                      tgt[i:i + chunk_rows] if tgt is not None else None)
+                     for i in range(0, x.shape[0], chunk_rows)]
+        x = x.masked_fill(torch.cat(parts), float("-inf"))
+    logp = torch.log_softmax(x, dim=-1)
+    if tgt is None:
+        return logp.reshape(shape)
+    return logp.gather(-1, tgt[:, None]).squeeze(-1).reshape(shape[:-1])
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """(..., V) logits, (...) targets -> (...) log-probs of the targets at `temperature`."""
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    """(..., V) logits, (...) targets -> (...) log-probs of the targets at `temperature`, no truncation."""
+    return sampling_logprobs(logits, targets, temperature)
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -39,19 +100,34 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
 
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, n: int = 1,
-             eos_id: int, pad_id: int, seed: int = 0, batch_size: int = 256) -> list[Generation]:
-    """n samples per prompt (prompt-major order); temperature 0 means greedy."""
+             eos_id: int | list[int], pad_id: int, seed: int = 0, batch_size: int = 256, top_p: float = 1.0,
+             top_k: int = 0) -> list[Generation]:
+    """n samples per prompt (prompt-major order); temperature 0 means greedy. A row stops at any id in
+    `eos_id`; top_p < 1 / top_k > 0 truncate the sampling distribution (see the module docstring)."""
+    if not 0.0 < top_p <= 1.0 or top_k < 0:
+        raise ValueError(f"generate: top_p must be in (0, 1] and top_k >= 0, got top_p={top_p}, top_k={top_k}")
+    stop = [eos_id] if isinstance(eos_id, int) else list(eos_id)
+    if not stop:
+        raise ValueError("generate: eos_id is empty; give at least one stop token id")
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     rows = [p for p in prompts for _ in range(n)]
+    sampling = _Sampling(temperature, top_p, top_k, torch.tensor(stop, device=device))
     out: list[Generation] = []
     for s in range(0, len(rows), batch_size):
-        out.extend(_generate_batch(model, rows[s:s + batch_size], max_new_tokens, temperature, eos_id, pad_id, gen,
-                                   device))
+        out.extend(_generate_batch(model, rows[s:s + batch_size], max_new_tokens, sampling, pad_id, gen, device))
     return out
 
 
-def _generate_batch(model, prompts, max_new_tokens, temperature, eos_id, pad_id, gen, device) -> list[Generation]:
+@dataclass(frozen=True)
+class _Sampling:
+    temperature: float
+    top_p: float
+    top_k: int
+    stop: torch.Tensor  # (S,) stop token ids on the model's device
+
+
+def _generate_batch(model, prompts, max_new_tokens, sp: _Sampling, pad_id, gen, device) -> list[Generation]:
     B, P = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, P), pad_id, dtype=torch.long)
     mask = torch.zeros((B, P), dtype=torch.long)
@@ -67,16 +143,16 @@ def _generate_batch(model, prompts, max_new_tokens, temperature, eos_id, pad_id,
     tokens, logps = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
     finished_at = torch.full((B,), -1, dtype=torch.long)
-    temp = temperature if temperature > 0 else 1.0
     for t in range(max_new_tokens):
-        logp = torch.log_softmax(logits.float() / temp, dim=-1)  # (B, V)
-        if temperature > 0:
+        if sp.temperature > 0:
+            logp = sampling_logprobs(logits, None, sp.temperature, sp.top_p, sp.top_k)  # (B, V), -inf where cut
             tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
         else:
+            logp = torch.log_softmax(logits.float(), dim=-1)
             tok = logp.argmax(-1)
         tokens.append(tok)
         logps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
-        newly = (tok == eos_id) & ~done
+        newly = torch.isin(tok, sp.stop) & ~done
         finished_at[newly.cpu()] = t
         done |= newly
         if bool(done.all()) or t == max_new_tokens - 1:
@@ -97,7 +173,7 @@ def _generate_batch(model, prompts, max_new_tokens, temperature, eos_id, pad_id,
 
 def forward_response_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
     """Teacher-forced logits for each response token. Returns (logits (B, R, V), targets (B, R), mask (B, R))
-    with R the longest response; right padding."""
+    with R the longest response; right padding (padded positions are masked out by length, never by id)."""
     device = next(model.parameters()).device
     B = len(prompt_ids)
     seqs = [p + r for p, r in zip(prompt_ids, response_ids)]
@@ -114,20 +190,22 @@ def forward_response_logits(model, prompt_ids: list[list[int]], response_ids: li
         gather_idx[i, :len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
         targets[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         rmask[i, :len(r)] = True
-    logits = model(input_ids=ids.to(device), attention_mask=att.to(device)).logits  # (B, T, V)
+    # use_cache=False: a training-mode forward would otherwise build a KV cache nobody reads
+    logits = model(input_ids=ids.to(device), attention_mask=att.to(device), use_cache=False).logits  # (B, T, V)
     idx = gather_idx.to(device)[..., None].expand(-1, -1, logits.shape[-1])
     return logits.gather(1, idx), targets.to(device), rmask.to(device)
 
 
 @torch.no_grad()
 def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], *, temperature: float,
-                      batch_size: int = 256, pad_id: int) -> list[torch.Tensor]:
-    """Per-token log-probs of each response under the model at `temperature` (one tensor per row)."""
+                      batch_size: int = 256, pad_id: int, top_p: float = 1.0, top_k: int = 0) -> list[torch.Tensor]:
+    """Per-token log-probs of each response under the model's sampling distribution (`sampling_logprobs` at
+    temperature / top_p / top_k), one fp32 CPU tensor per row."""
     out = []
     for s in range(0, len(prompt_ids), batch_size):
-        logits, targets, rmask = forward_response_logits(model, prompt_ids[s:s + batch_size],
-                                                         response_ids[s:s + batch_size], pad_id)
-        lp = token_logprobs(logits, targets, temperature).cpu()
+        logits, targets, _ = forward_response_logits(model, prompt_ids[s:s + batch_size],
+                                                     response_ids[s:s + batch_size], pad_id)
+        lp = sampling_logprobs(logits, targets, temperature, top_p, top_k).cpu()
         for i, r in enumerate(response_ids[s:s + batch_size]):
             out.append(lp[i, :len(r)])
     return out
