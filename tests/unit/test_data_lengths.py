@@ -106,7 +106,7 @@ def test_prompt_only_rows_and_system_prompts_count(tmp_path):
     tok = train_tokenizer(["what is two plus two", "you are terse"] * 3, 300, tmp_path / "tok")
     src = tmp_path / "p.jsonl"
     src.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["what is two", "plus two", "two"]))
-    cfg = dict(task="", files=[str(src)], schema=DataSchema.PROMPT_ANSWER, answer_field="", eval_size=1)
+    cfg = {"task": "", "files": [str(src)], "schema": DataSchema.PROMPT_ANSWER, "answer_field": "", "eval_size": 1}
     prepare_dataset(DataConfig(**cfg), tmp_path / "plain", require_completions=False)
     prepare_dataset(DataConfig(**cfg, system_prompt="you are terse"), tmp_path / "sys", require_completions=False)
     plain = check_budget(tmp_path / "plain", tok, max_seq_len=64, max_new_tokens=8, sft=False)

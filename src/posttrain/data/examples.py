@@ -7,8 +7,8 @@ dataset written without it reads as {})."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 
 def dumps(example: dict) -> str:

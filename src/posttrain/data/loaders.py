@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from posttrain.config import DataFormat
 from posttrain.data.validation import Problems

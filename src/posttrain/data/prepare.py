@@ -100,9 +100,9 @@ def load_examples(cfg: DataConfig, *, require_completions: bool) -> tuple[list[d
         return [with_system_prompt(ex, cfg.system_prompt) for ex in examples], None
     if require_completions and cfg.schema == DataSchema.PROMPT_ANSWER:
         raise DataValidationError([
-            f"data.schema: {cfg.schema.value!r} rows ({', '.join(cfg.files)}) are prompts without completions, "
-            f"but SFT is enabled and needs an assistant reply to train on; set sft.enabled false for RL/eval-only "
-            f"prompt data, or give prompt/completion pairs (schema 'prompt_completion') or chats ('messages')"])
+            (f"data.schema: {cfg.schema.value!r} rows ({', '.join(cfg.files)}) are prompts without completions, "
+             "but SFT is enabled and needs an assistant reply to train on; set sft.enabled false for RL/eval-only "
+             "prompt data, or give prompt/completion pairs (schema 'prompt_completion') or chats ('messages')")])
     problems = Problems()
     train = _load_files(cfg.files, "data.files", cfg, problems, require_completions)
     held = _load_files(cfg.eval_files, "data.eval_files", cfg, problems, False) if cfg.eval_files else None
@@ -145,8 +145,8 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
         eval_ex, train_ex = held, [examples[i] for i in order]
     else:
         if len(examples) <= cfg.eval_size:
-            raise DataValidationError([f"data.eval_size: {cfg.eval_size} eval examples requested but only "
-                                       f"{len(examples)} unique examples exist ({where}); lower data.eval_size"])
+            raise DataValidationError([(f"data.eval_size: {cfg.eval_size} eval examples requested but only "
+                                        f"{len(examples)} unique examples exist ({where}); lower data.eval_size")])
         eval_ex = [examples[i] for i in sorted(order[: cfg.eval_size])]
         train_ex = [examples[i] for i in order[cfg.eval_size:]]
     train_prompts = {dumps(prompt_messages(ex)) for ex in train_ex}

@@ -153,8 +153,8 @@ def _messages_example(row: dict, where: str, cfg: DataConfig, problems: Problems
         has_reply = any(m["role"] == "assistant" for m in clean)
         problems.add(where, cfg.messages_field,
                      (f"the chat ends with a {clean[-1]['role']!r} turn" if has_reply else "the chat has no assistant turn")
-                     + f"; SFT (sft.enabled true) trains on the final assistant turn: end each chat with one, or "
-                       f"set sft.enabled false for RL/eval-only prompt data")
+                     + "; SFT (sft.enabled true) trains on the final assistant turn: end each chat with one, or "
+                       "set sft.enabled false for RL/eval-only prompt data")
         return None
     prompt_turns = clean[:-1] if clean[-1]["role"] == "assistant" else clean
     _check_prompt_len(sum(len(m["content"]) for m in prompt_turns), where, cfg.messages_field, cfg, problems)
