@@ -1,4 +1,5 @@
-"""Evaluation task: greedy accuracy, sampled accuracy and pass@k on the held-out split -> `eval` artifact."""
+"""Evaluation task: greedy accuracy (always), sampled accuracy and pass@k (only when eval.k > 0, else None) on
+the held-out split, scored through the same reward sandbox as RL -> `eval` artifact."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import EvalConfig, RewardConfig
 
-EvalOut = NamedTuple("EvalOut", [("report", ArtifactRef), ("greedy_accuracy", float),
-                                 ("sampled_accuracy", float), ("pass_at_k", float)])
+
+class EvalOut(NamedTuple):
+    report: ArtifactRef
+    greedy_accuracy: float
+    sampled_accuracy: float | None
+    pass_at_k: float | None
+    reward_failures: int
 
 
 @task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"))
@@ -19,4 +25,4 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, model: ArtifactRef, dataset:
     from posttrain import stages
 
     out = stages.evaluate(cfg, reward, model=model, dataset=dataset, run_id=run_id)
-    return EvalOut(out.report, out.greedy_accuracy, out.sampled_accuracy, out.pass_at_k)
+    return EvalOut(out.report, out.greedy_accuracy, out.sampled_accuracy, out.pass_at_k, out.reward_failures)

@@ -134,34 +134,48 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
 class EvalOutputs:
     report: ArtifactRef
     greedy_accuracy: float
-    sampled_accuracy: float
-    pass_at_k: float
+    sampled_accuracy: float | None
+    """None when eval.k == 0 (greedy only)."""
+    pass_at_k: float | None
+    """None when eval.k == 0 (greedy only)."""
+    reward_failures: int = 0
+    """Reward calls that failed (counted as incorrect); the report holds example reasons."""
 
 
 def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,
              store: ArtifactStore | None = None) -> EvalOutputs:
-    """Score the model on the dataset's held-out split and store an `eval` artifact (parent: the model)."""
+    """Score the model on the dataset's held-out split and store an `eval` artifact (parent: the model).
+    The manifest's metrics hold sampled_accuracy and pass_at_k only when eval.k > 0."""
     from posttrain.eval import evaluate as run_eval
 
     store = store or ArtifactStore()
     key = store.cache_key("eval", to_dict(cfg), to_dict(reward), model.id, dataset.id,
-                          source_digest("eval", "models/generate.py", "rewards.py", "data/verifiers.py"))
+                          source_digest("eval", "models", "rewards.py", "data/verifiers.py", "data/examples.py"))
     ref = store.cache_get(key)
     if ref is None:
         report = run_eval(store.get(model), store.get(dataset), cfg, reward)
         with tempfile.TemporaryDirectory(prefix="posttrain-eval-") as tmp:
             report.write(Path(tmp))
-            metrics = {"greedy_accuracy": report.greedy_accuracy, "sampled_accuracy": report.sampled_accuracy,
-                       "pass_at_k": report.pass_at_k, "num_problems": report.num_problems}
+            metrics = {"greedy_accuracy": report.greedy_accuracy, "num_problems": report.num_problems,
+                       "reward_calls": report.reward_calls, "reward_failures": report.reward_failures}
+            if report.sampled_accuracy is not None:
+                metrics.update(sampled_accuracy=report.sampled_accuracy, pass_at_k=report.pass_at_k)
             ref = store.put("eval", f"eval-{model.name}", Path(tmp), run_id=run_id, parents=[model.id, dataset.id],
                             config={**to_dict(cfg), "reward": to_dict(reward), "dataset_id": dataset.id,
                                     "model_id": model.id}, metrics=metrics)
         store.cache_put(key, ref)
     m = store.manifest(ref.id).metrics
-    print(f"eval {ref.short} of model {model.short}: greedy {m['greedy_accuracy']:.3f}, "
-          f"sampled {m['sampled_accuracy']:.3f}, pass@k {m['pass_at_k']:.3f} on {m['num_problems']} problems")
-    return EvalOutputs(report=ref, greedy_accuracy=m["greedy_accuracy"], sampled_accuracy=m["sampled_accuracy"],
-                       pass_at_k=m["pass_at_k"])
+    sampled, pass_k = m.get("sampled_accuracy"), m.get("pass_at_k")
+    failures = m.get("reward_failures", 0)
+
+    def _fmt(x: float | None) -> str:  # "n/a": not measured (eval.k == 0)
+        return "n/a" if x is None else f"{x:.3f}"
+
+    print(f"eval {ref.short} of model {model.short}: greedy {m['greedy_accuracy']:.3f}, sampled {_fmt(sampled)}, "
+          f"pass@k {_fmt(pass_k)} on {m['num_problems']} problems"
+          + (f"; {failures}/{m.get('reward_calls')} reward calls failed (see the report)" if failures else ""))
+    return EvalOutputs(report=ref, greedy_accuracy=m["greedy_accuracy"], sampled_accuracy=sampled, pass_at_k=pass_k,
+                       reward_failures=failures)
 
 
 def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, tracking: TrackingConfig, *,

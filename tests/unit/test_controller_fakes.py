@@ -1,5 +1,6 @@
 """The controller driven by in-process fake groups (posttrain.rl.fakes): types flow, versions increase,
-metrics are present, the safety checks fire, checkpoints resume exactly. No Ray, milliseconds per test."""
+metrics are present, the safety checks fire, checkpoints resume exactly. No Ray, milliseconds per test -
+except the reward tests, which run the real reward role with a user function in a spawned child process."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ from dataclasses import replace
 
 import pytest
 
-from posttrain.config import RLConfig
-from posttrain.rl.controller import Controller
+from posttrain.config import RewardConfig, RLConfig, TrackingConfig
+from posttrain.rl.controller import Controller, RewardFailureError
 from posttrain.rl.fakes import (
     FakeRewardGroup,
     LowPrecisionRolloutGroup,
     NullTracker,
     StaleRolloutGroup,
     fake_sampler,
+    local_reward_group,
     make_fake_groups,
 )
-from posttrain.rl.metrics import StepMetrics
+from posttrain.rl.metrics import RLTracker, StepMetrics
+from posttrain.rl.remote import RemoteWorkerError
 from posttrain.rl.state import Checkpointer
 from posttrain.rl.weight_sync import StaleWeightsError, WeightDriftError
 
@@ -91,11 +94,62 @@ def test_drift_is_caught_and_names_version():
 
 
 def test_reward_failures_are_counted():
-    c = controller(reward=FakeRewardGroup(fail_prompt_token=3))
+    cfg = replace(CFG, max_reward_failure_rate=1.0)  # never stop: count
+    c = controller(cfg, reward=FakeRewardGroup(fail_prompt_token=3))
     c.start()
     ms = [c.step() for _ in range(3)]
     assert sum(m.reward_failures for m in ms) > 0
     assert all(m.reward_failures % CFG.samples_per_prompt == 0 for m in ms)  # whole groups of a failing prompt
+    assert all(m.num_samples == 16 for m in ms)
+    assert all((m.reward_failure_example != "") == (m.reward_failures > 0) for m in ms)
+
+
+# ----------------------------------------------------------------- the real reward role (sandboxed user function)
+
+
+def test_user_function_in_the_sandbox_scores_like_the_fake_verifier():
+    """The same toy task scored by a user function named by import path (called with prompt, completion and
+    answer in a child process) gives exactly the rewards the in-process fake gives."""
+    cfg = replace(CFG, kl_coef=0.0)
+    fake = controller(cfg).run(3)
+    user = controller(cfg, reward=local_reward_group(RewardConfig(fn="tests.reward_fns:first_token"))).run(3)
+    assert [m.reward_mean for m in user] == [m.reward_mean for m in fake]
+    assert all(m.reward_failures == 0 for m in user) and any(m.reward_mean > 0 for m in user)
+
+
+def test_failure_rate_above_the_limit_stops_the_run_naming_function_count_step_and_reason():
+    cfg = replace(CFG, kl_coef=0.0)  # default rl.max_reward_failure_rate = 0.1; a failing prompt fails 4 of 16
+    c = controller(cfg, reward=local_reward_group(RewardConfig(fn="tests.reward_fns:fails_on_prompt_3")))
+    with pytest.raises(RewardFailureError, match=r"tests\.reward_fns:fails_on_prompt_3: (4|8|12|16)/16 calls failed "
+                       r"at step (\d+) .*ValueError: cannot score prompt '\d+ 3'") as e:
+        c.run(20)
+    failed_step = int(e.value.args[0].split("at step ")[1].split()[0])
+    assert c.step_count == failed_step - 1 and c.version == failed_step - 1  # stopped before that update
+
+
+def test_failures_below_the_limit_are_on_the_console_line_of_every_step_they_occur(tmp_path, capsys):
+    cfg = replace(CFG, kl_coef=0.0, max_reward_failure_rate=0.9)
+    tracker = RLTracker(TrackingConfig(wandb_mode="disabled", log_every=1000), name="t", run_dir=tmp_path, total=6)
+    c = Controller(cfg, make_fake_groups(cfg, reward=local_reward_group(RewardConfig(fn="tests.reward_fns:fails_on_prompt_3"))),
+                   fake_sampler(cfg), tracker, None)
+    hist = c.run(6)
+    lines = capsys.readouterr().out.splitlines()
+    with_failures = [m.step for m in hist if m.reward_failures]
+    assert with_failures, "the toy data has prompts ending in 3: some step must fail"
+    for m in hist:
+        printed = [x for x in lines if x.startswith(f"rl step {m.step}/6:")]
+        if m.reward_failures:
+            assert len(printed) == 1 and f"reward failures {m.reward_failures}/16: ValueError: cannot score" in printed[0]
+        elif m.step != 6:  # log_every=1000: only failing steps and the last are printed
+            assert printed == []
+
+
+def test_a_required_argument_no_row_supplies_is_refused_at_start():
+    c = controller(reward=local_reward_group(RewardConfig(fn="tests.reward_fns:needs_missing")))
+    with pytest.raises(RemoteWorkerError, match=r"needs_missing.*\['not_a_column'\].*available argument names: "
+                       r"\['answer', 'completion', 'messages', 'prompt', 'task'\]"):
+        c.start()
+    assert not c.started
 
 
 def _checkpointer(tmp_path):

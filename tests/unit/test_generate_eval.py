@@ -58,7 +58,7 @@ def test_sampling_is_seeded_and_follows_the_tempered_distribution(model):
 
 @pytest.mark.timeout(900)
 def test_evaluation_metrics(tmp_path, tiny_sft_model):
-    from posttrain.config import EvalConfig
+    from posttrain.config import EvalConfig, RewardConfig
     from posttrain.eval import EvalReport, evaluate
 
     r = evaluate(tiny_sft_model["model_dir"], tiny_sft_model["dataset_dir"], EvalConfig(num_problems=100, k=4,
@@ -78,5 +78,9 @@ def test_evaluation_metrics(tmp_path, tiny_sft_model):
     assert evaluate(tiny_sft_model["model_dir"], ds, EvalConfig(num_problems=50, k=1, max_new_tokens=8)).pass_at_k == 0
     assert EvalReport.from_json(r.to_json()) == r
     user = evaluate(tiny_sft_model["model_dir"], tiny_sft_model["dataset_dir"],
-                    EvalConfig(num_problems=100, k=1, max_new_tokens=8, reward_fn="tests.reward_fns:always_one"))
-    assert user.greedy_accuracy == 1.0 and user.scorer == "tests.reward_fns:always_one"
+                    EvalConfig(num_problems=100, k=1, max_new_tokens=8), RewardConfig(fn="tests.reward_fns:always_one"))
+    assert user.greedy_accuracy == 1.0 and user.scorer == "tests.reward_fns:always_one" and user.reward_failures == 0
+    greedy_only = evaluate(tiny_sft_model["model_dir"], tiny_sft_model["dataset_dir"],
+                           EvalConfig(num_problems=100, k=0, max_new_tokens=8))
+    assert greedy_only.greedy_accuracy == r.greedy_accuracy  # greedy does not depend on k
+    assert greedy_only.sampled_accuracy is None and greedy_only.pass_at_k is None

@@ -1,61 +1,108 @@
-"""Held-out evaluation: greedy accuracy, sampled accuracy (mean over k samples at a temperature) and
-pass@k, reported separately and scored by the task's verifier or a user function `module:function`
-(signature `fn(completion: str, answer: str | None, task: str | None) -> float`; >= 1.0 counts as correct).
-The prompt is rendered with the model's own chat template.
+"""Held-out evaluation: greedy accuracy always; sampled accuracy (mean over k samples) and pass@k only when
+`eval.k > 0`. The prompt is rendered with the model's own chat template; sampling uses eval.temperature,
+eval.top_p and eval.top_k.
+
+Every completion is scored by `posttrain.rewards.RewardScorer` - the task's verifier, or the user's
+`reward.fn` in the same sandboxed child process, with the same call convention and `reward.timeout_s`, as
+RL's reward workers - and counts as correct when its score is >= 1.0. Failed reward calls (raised, timed
+out, returned a non-number) count as incorrect and are reported (`reward_failures`, a few reasons); a
+function that needs an argument no eval row supplies is refused before anything is generated.
+
+Which rows are scored: with the built-in verifier, those with a reference answer; with a user function, all
+of them (it may not need an answer). Leaves out: stopping on a failure rate (RL does that; eval reports).
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from pathlib import Path
 
 import torch
 
 from posttrain.config import EvalConfig, RewardConfig
-from posttrain.data import verifiers
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.eval.report import EvalReport
+from posttrain.models import io as model_io
 from posttrain.models.generate import generate
 from posttrain.models.io import load_model, load_tokenizer
-from posttrain.rewards import load_reward_fn
+from posttrain.rewards import RewardSample, RewardScorer
+
+FAILURE_EXAMPLES = 5
+"""Distinct failure reasons kept in the report."""
 
 
 def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, reward: RewardConfig | None = None, *,
              device: str = "cpu") -> EvalReport:
     reward = reward or RewardConfig()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    model, tok = load_model(model_dir, device=device), load_tokenizer(model_dir)
-    problems = [ex for ex in read_examples(dataset_dir, "eval") if ex.get("answer") is not None]
+    rows = read_examples(dataset_dir, "eval")
+    problems = rows if reward.fn else [ex for ex in rows if ex.get("answer") is not None]
     if cfg.num_problems:
         problems = problems[: cfg.num_problems]
     if not problems:
-        raise ValueError(f"{dataset_dir}: the eval split has no problems with a reference answer to score")
-    user_fn = load_reward_fn(reward.fn) if reward.fn else None
+        raise ValueError(f"{dataset_dir}: the eval split has no problems with a reference answer to score "
+                         "(set reward.fn to score rows without one)")
+    with RewardScorer(reward) as scorer:
+        scorer.check_arguments({k for ex in problems for k in (ex.get("columns") or {})})  # before generating
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        model, tok = load_model(model_dir, device=device), load_tokenizer(model_dir)
+        prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
+        kw = {"max_new_tokens": cfg.max_new_tokens, "eos_id": _eos(model_dir, tok), "pad_id": tok.pad_token_id,
+              "batch_size": cfg.batch_size}
+        t0 = time.perf_counter()
+        greedy = generate(model, prompts, temperature=0.0, n=1, seed=cfg.seed, **kw)
+        sampled = (generate(model, prompts, temperature=cfg.temperature, n=cfg.k, seed=cfg.seed, **kw,
+                            **_sampling_kwargs(cfg)) if cfg.k > 0 else [])
+        seconds = time.perf_counter() - t0
 
-    def correct(text: str, ex: dict) -> bool:
-        if user_fn is not None:
-            return float(user_fn(text, ex["answer"], ex.get("task"))) >= 1.0
-        return verifiers.score(ex.get("task"), text, ex["answer"]) >= 1.0
+        def decode(g):
+            return tok.decode(g.response_ids, skip_special_tokens=True)
 
-    prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
-    kw = dict(max_new_tokens=cfg.max_new_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-              batch_size=cfg.batch_size)
-    t0 = time.perf_counter()
-    greedy = generate(model, prompts, temperature=0.0, n=1, seed=cfg.seed, **kw)
-    sampled = generate(model, prompts, temperature=cfg.temperature, n=cfg.k, seed=cfg.seed, **kw)
-    seconds = time.perf_counter() - t0
-    decode = lambda g: tok.decode(g.response_ids, skip_special_tokens=True)  # noqa: E731
-    g_ok = [correct(decode(g), ex) for g, ex in zip(greedy, problems)]
-    s_ok = [[correct(decode(sampled[i * cfg.k + j]), ex) for j in range(cfg.k)] for i, ex in enumerate(problems)]
+        g_res = scorer.score([RewardSample.from_example(ex, decode(g)) for g, ex in zip(greedy, problems)])
+        s_res = scorer.score([RewardSample.from_example(problems[i // cfg.k], decode(g)) for i, g in enumerate(sampled)])
+        scorer_name = scorer.name if reward.fn else f"verifier:{problems[0].get('task')}"
+    g_ok = [r.failure is None and r.score >= 1.0 for r in g_res]
+    s_ok = [[r.failure is None and r.score >= 1.0 for r in s_res[i * cfg.k:(i + 1) * cfg.k]]
+            for i in range(len(problems))] if cfg.k > 0 else []
+    failures = [r.failure for r in g_res + s_res if r.failure is not None]
     n_tokens = sum(len(g.response_ids) for g in greedy + sampled)
-    samples = [{"prompt": prompt_messages(ex)[-1]["content"], "greedy": decode(g), "answer": ex["answer"],
-                "correct": ok} for ex, g, ok in list(zip(problems, greedy, g_ok))[:10]]
+    samples = [{"prompt": prompt_messages(ex)[-1]["content"], "greedy": decode(g), "answer": ex.get("answer"),
+                "score": r.score, "correct": ok, "failure": r.failure}
+               for ex, g, r, ok in list(zip(problems, greedy, g_res, g_ok))[:10]]
     return EvalReport(
         greedy_accuracy=sum(g_ok) / len(problems),
-        sampled_accuracy=sum(sum(r) for r in s_ok) / (len(problems) * cfg.k),
-        pass_at_k=sum(any(r) for r in s_ok) / len(problems),
-        num_problems=len(problems), k=cfg.k, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed, scorer=reward.fn or f"verifier:{problems[0].get('task')}",
+        sampled_accuracy=sum(sum(r) for r in s_ok) / (len(problems) * cfg.k) if cfg.k > 0 else None,
+        pass_at_k=sum(any(r) for r in s_ok) / len(problems) if cfg.k > 0 else None,
+        num_problems=len(problems), k=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, scorer=scorer_name,
+        reward_failures=len(failures), reward_calls=len(g_res) + len(s_res),
+        reward_failure_examples=_distinct(failures, FAILURE_EXAMPLES),
         mean_response_tokens=n_tokens / len(greedy + sampled), seconds=seconds,
-        generated_tokens_per_s=n_tokens / seconds, samples=samples)
+        generated_tokens_per_s=n_tokens / max(seconds, 1e-9), samples=samples)
+
+
+def _sampling_kwargs(cfg: EvalConfig) -> dict:
+    """top_p / top_k for the sampled pass, passed only if posttrain.models.generate.generate takes them (it
+    gains them in the same change as these settings)."""
+    params = inspect.signature(generate).parameters
+    return {k: getattr(cfg, k) for k in ("top_p", "top_k") if k in params}
+
+
+def _eos(model_dir, tok):
+    """Every stop id of the model when generate accepts a list (posttrain.models.io.eos_token_ids), else the
+    tokenizer's EOS id."""
+    takes_list = "list" in str(inspect.signature(generate).parameters["eos_id"].annotation)
+    if takes_list and hasattr(model_io, "eos_token_ids"):
+        return model_io.eos_token_ids(model_dir, tok)
+    return tok.eos_token_id
+
+
+def _distinct(reasons: list[str], n: int) -> list[str]:
+    out: list[str] = []
+    for r in reasons:
+        if r not in out:
+            out.append(r)
+        if len(out) == n:
+            break
+    return out

@@ -10,18 +10,26 @@ from pathlib import Path
 @dataclass(frozen=True, kw_only=True)
 class EvalReport:
     greedy_accuracy: float
-    """Fraction of problems whose greedy completion is correct."""
-    sampled_accuracy: float
-    """Mean correctness over k samples per problem at `temperature`."""
-    pass_at_k: float
-    """Fraction of problems with at least one correct sample among the k."""
+    """Fraction of problems whose greedy completion scores >= 1.0."""
+    sampled_accuracy: float | None
+    """Mean correctness over k samples per problem at `temperature` (None when k == 0: greedy only)."""
+    pass_at_k: float | None
+    """Fraction of problems with at least one correct sample among the k (None when k == 0)."""
     num_problems: int
     k: int
     temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
     max_new_tokens: int
     seed: int
     scorer: str
     """"verifier:<task>" or the user reward function's import path."""
+    reward_calls: int = 0
+    """Completions scored (greedy + k per problem)."""
+    reward_failures: int = 0
+    """Reward calls that failed (raised, timed out, died, returned a non-number); counted as incorrect."""
+    reward_failure_examples: list[str] = field(default_factory=list)
+    """Up to 5 distinct failure reasons."""
     mean_response_tokens: float
     seconds: float
     generated_tokens_per_s: float
@@ -31,7 +39,7 @@ class EvalReport:
         return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "EvalReport":
+    def from_json(cls, text: str) -> EvalReport:
         return cls(**json.loads(text))
 
     def write(self, out_dir: str | Path) -> Path:

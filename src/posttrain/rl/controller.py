@@ -23,6 +23,10 @@ The same class runs in-process (tests drive it with `posttrain.rl.fakes`) or ins
 holds the real groups (`posttrain.rl.run`). Fan-out is the groups' business: every call below goes to a
 whole group, which shards, calls its workers and merges.
 
+A step stops with `RewardFailureError` (naming the function, the failure count, the step and one reason)
+when more than `rl.max_reward_failure_rate` of its reward calls failed - before the update, so no weights
+are trained on a broken reward.
+
 Leaves out: asynchronous / off-policy rollouts (generation waits for the sync), a critic (PPO), and
 dynamic batch filtering (groups whose rewards are all equal simply get zero advantage).
 """
@@ -47,6 +51,7 @@ from posttrain.rl.types import (
     PolicyGroup,
     ReferenceGroup,
     RewardGroup,
+    Rewards,
     RolloutGroup,
     TrainBatch,
 )
@@ -106,6 +111,7 @@ class Controller:
 
         with _timed(phase, "reward"):
             rewards = g.reward.score(traj)
+        _check_reward_failures(rewards, step=self.step_count + 1, max_rate=cfg.max_reward_failure_rate)
 
         ref = None
         if g.reference is not None:
@@ -148,7 +154,9 @@ class Controller:
 
     def start(self) -> None:
         """Restore the newest checkpoint (policy state, sampler cursor, step, RNG), then push the policy's
-        weights to the rollout workers - also on a fresh start, so both sides provably hold version 0."""
+        weights to the rollout workers - also on a fresh start, so both sides provably hold version 0. First of
+        all, the reward group checks that its function can be called with the dataset's columns."""
+        self.groups.reward.check_arguments(self.sampler.column_names())
         state = self.checkpointer.restore(self.groups.policy) if self.checkpointer else None
         if state is not None:
             self.step_count, self.version = state.step, state.policy_version
@@ -195,6 +203,19 @@ def _timed(phase_s: dict[str, float], name: str) -> Iterator[None]:
     t = time.perf_counter()
     yield
     phase_s[name] = time.perf_counter() - t
+
+
+class RewardFailureError(RuntimeError):
+    """Too many reward calls of one step failed: the rewards would be mostly zeros, so training stops."""
+
+
+def _check_reward_failures(rewards: Rewards, *, step: int, max_rate: float) -> None:
+    failed = [f for f in rewards.failures if f is not None]
+    n = len(rewards.failures)
+    if n and len(failed) / n > max_rate:
+        raise RewardFailureError(
+            f"reward function {rewards.scorer}: {len(failed)}/{n} calls failed at step {step} "
+            f"({len(failed) / n:.0%} > rl.max_reward_failure_rate = {max_rate:g}); e.g. {failed[0]}")
 
 
 def _expect_version(stage: str, got: int, want: int) -> None:

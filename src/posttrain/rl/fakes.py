@@ -10,6 +10,7 @@ Faulty variants for the controller's safety checks:
 - `StaleRolloutGroup` reports the handle's version but keeps the previous step's weights (its checksum
   is honest, so verify_reports names it);
 - `LowPrecisionRolloutGroup` holds the right weights but samples from a rounded copy (drift check).
+`local_reward_group(reward_cfg)` is not a fake: the real reward role and sandbox, called in-process.
 
 The toy task: a prompt is a list of token ids; the answer is the token the response must start with.
 
@@ -27,9 +28,11 @@ from pathlib import Path
 
 import torch
 
-from posttrain.config import RLConfig
+from posttrain.config import RewardConfig, RLConfig
 from posttrain.rl.algorithms.grpo import policy_loss
 from posttrain.rl.controller import RoleGroups
+from posttrain.rl.remote import LocalActor
+from posttrain.rl.roles.reward import RewardGroup, RewardWorker
 from posttrain.rl.state import PromptSampler
 from posttrain.rl.types import (
     LogProbs,
@@ -109,7 +112,9 @@ class FakeRolloutGroup:
             policy_version=self.version, group_index=[i for i, _ in rows], prompt_ids=[p for _, p in rows],
             response_ids=[s[0] for s in samples], logprobs=[s[1] for s in samples],
             finished=[s[0][-1] == EOS for s in samples], texts=[" ".join(map(str, s[0])) for s in samples],
-            answers=[prompts.answers[i] for i, _ in rows], tasks=[prompts.tasks[i] for i, _ in rows], compute_s=0.0)
+            answers=[prompts.answers[i] for i, _ in rows], tasks=[prompts.tasks[i] for i, _ in rows],
+            messages=[prompts.messages[i] for i, _ in rows], columns=[prompts.columns[i] for i, _ in rows],
+            compute_s=0.0)
 
     def _hold(self, handle: WeightsHandle) -> None:
         self.model.load_state_dict(handle.payload)
@@ -152,6 +157,9 @@ class FakeRewardGroup:
     def identities(self) -> list[WorkerId]:
         return [_ident("reward")]
 
+    def check_arguments(self, columns: list[str]) -> None:
+        pass  # its scoring function needs only the prompt tokens, the response and the answer
+
     def _score_one(self, prompt: list[int], response: list[int], answer: str | None) -> float:
         if prompt[-1] == self.fail_prompt_token:
             raise ValueError(f"cannot score prompt ending in {prompt[-1]}")
@@ -166,7 +174,15 @@ class FakeRewardGroup:
             except Exception as e:  # noqa: BLE001 - a user reward function may raise anything
                 scores.append(0.0)
                 failures.append(f"{type(e).__name__}: {e}")
-        return Rewards(policy_version=trajectories.policy_version, scores=scores, failures=failures, compute_s=0.0)
+        return Rewards(policy_version=trajectories.policy_version, scores=scores, failures=failures,
+                       scorer="posttrain.rl.fakes:FakeRewardGroup", compute_s=0.0)
+
+
+def local_reward_group(reward_cfg: RewardConfig, workers: int = 1) -> RewardGroup:
+    """The real reward role (RewardGroup over RewardWorkers, i.e. the real sandboxed scorer) with plain
+    method calls instead of Ray: the texts it scores are the fake responses, space-separated token ids."""
+    ws = [RewardWorker(reward_cfg, rank, workers) for rank in range(workers)]
+    return RewardGroup([LocalActor(w) for w in ws], [w.identity() for w in ws], timeout_s=60.0)
 
 
 class FakeReferenceGroup:
@@ -284,7 +300,7 @@ def fake_sampler(cfg: RLConfig, num_examples: int = 64) -> PromptSampler:
                          seed=cfg.seed)
 
 
-def make_fake_groups(cfg: RLConfig, *, rollout_cls: type = FakeRolloutGroup, reward: FakeRewardGroup | None = None,
+def make_fake_groups(cfg: RLConfig, *, rollout_cls: type = FakeRolloutGroup, reward=None,
                      seed: int = 0) -> RoleGroups:
     start = _clone(BigramLM(seed=seed))
     return RoleGroups(rollout=rollout_cls(start), reward=reward or FakeRewardGroup(),

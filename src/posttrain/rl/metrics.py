@@ -10,7 +10,8 @@ so serialisation, object transfer, Ray scheduling, weight sync and the controlle
 overhead ("drift" is the policy group's forward over the rollout tokens for the drift check).
 
 `RLTracker` prints a tqdm bar when stdout is a terminal, else one line every `tracking.log_every` steps (and
-the last), and logs to wandb in `tracking.wandb_mode` ("offline" by default; "disabled" creates no files
+the last) - and a line for every step with failed reward calls, whatever log_every says, naming the count
+and one reason - and logs to wandb in `tracking.wandb_mode` ("offline" by default; "disabled" creates no files
 and never imports wandb). It resumes the same wandb run id after a restart.
 """
 
@@ -36,7 +37,11 @@ class StepMetrics:
     accuracy: float
     """Fraction of samples with score >= 1."""
     reward_failures: int
-    """Samples whose reward function raised or timed out (scored 0)."""
+    """Samples whose reward call failed (raised, timed out, died, returned a non-number; scored 0)."""
+    num_samples: int = 0
+    """Trajectories scored this step (0 in histories written before this field existed)."""
+    reward_failure_example: str = ""
+    """The first failure's reason ("" when none failed); shown on the console, not sent to wandb."""
     kl: float
     entropy: float
     clip_fraction: float
@@ -59,7 +64,8 @@ class StepMetrics:
 
     def flat(self) -> dict[str, float | int]:
         """One flat dict of numbers (for wandb, console lines and manifests)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("phase_s", "compute_s")}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("phase_s", "compute_s", "reward_failure_example")}
         out.update({f"time/{k}_s": v for k, v in self.phase_s.items()})
         out.update({f"compute/{k}_s": v for k, v in self.compute_s.items()})
         return out
@@ -83,11 +89,20 @@ def step_metrics(*, step: int, traj: Trajectories, drift_logprobs: LogProbs, dri
         step=step, policy_version=stats.policy_version, reward_mean=mean,
         reward_std=(sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5,
         accuracy=sum(s >= 1.0 for s in scores) / len(scores),
-        reward_failures=sum(f is not None for f in rewards.failures),
+        reward_failures=sum(f is not None for f in rewards.failures), num_samples=len(scores),
+        reward_failure_example=next((f for f in rewards.failures if f is not None), ""),
         kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction, loss=stats.loss,
         grad_norm=stats.grad_norm, response_len_mean=n_tokens / len(traj.response_ids), drift=drift,
         generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase_s["rollout"], 1e-9),
         phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s))
+
+
+def failure_line(m: StepMetrics) -> str:
+    """'reward failures 3/64: ValueError: ...' for a step with failed reward calls, else ''."""
+    if not m.reward_failures:
+        return ""
+    example = m.reward_failure_example if len(m.reward_failure_example) <= 200 else m.reward_failure_example[:197] + "..."
+    return f"reward failures {m.reward_failures}/{m.num_samples}: {example}"
 
 
 _CONSOLE = ("reward_mean", "accuracy", "kl", "entropy", "clip_fraction", "response_len_mean", "drift",
@@ -119,11 +134,14 @@ class RLTracker:
         if self._run is not None:
             self._run.log(flat, step=m.step)
         line = " ".join(f"{k}={flat[k]:.4g}" for k in _CONSOLE)
+        failures = failure_line(m)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix_str(line[:160])
-        elif m.step % self.cfg.log_every == 0 or m.step == self.total:
-            print(f"rl step {m.step}/{self.total}: {line}", flush=True)
+            if failures:  # every step that has failures gets its own line above the bar
+                self._bar.write(f"rl step {m.step}/{self.total}: {failures}")
+        elif failures or m.step % self.cfg.log_every == 0 or m.step == self.total:
+            print(f"rl step {m.step}/{self.total}: {line}" + (f" | {failures}" if failures else ""), flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
+from posttrain.config import RewardConfig
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages
 from posttrain.rl.metrics import StepMetrics
@@ -77,9 +78,15 @@ class PromptSampler:
     def next_batch(self, policy_version: int) -> PromptBatch:
         ids = [self._index(k) for k in range(self.cursor, self.cursor + self.prompts_per_step)]
         self.cursor += self.prompts_per_step
+        rows = [self.examples[i] for i in ids]
         return PromptBatch(policy_version=policy_version, example_ids=ids, prompt_ids=[self._encoded[i] for i in ids],
-                           answers=[self.examples[i].get("answer") for i in ids],
-                           tasks=[self.examples[i].get("task") for i in ids])
+                           answers=[ex.get("answer") for ex in rows], tasks=[ex.get("task") for ex in rows],
+                           messages=[prompt_messages(ex) for ex in rows],
+                           columns=[ex.get("columns") or {} for ex in rows])
+
+    def column_names(self) -> list[str]:
+        """Every column name that some usable example carries (what a reward function may ask for)."""
+        return sorted({k for i in self.rows for k in (self.examples[i].get("columns") or {})})
 
     def state_dict(self) -> dict:
         return {"cursor": self.cursor, "seed": self.seed, "num_prompts": len(self.rows)}
@@ -94,13 +101,15 @@ class PromptSampler:
 # --------------------------------------------------------------------------------------------- identity
 
 
-def reward_identity(reward_fn: str, tasks: list[str | None]) -> dict:
-    """What scored the rollouts, for the manifest: a user function's import path + source hash, or the
-    built-in verifier(s) + the sha256 of posttrain/data/verifiers.py."""
-    if reward_fn:
+def reward_identity(reward: RewardConfig | str, tasks: list[str | None]) -> dict:
+    """What scored the rollouts, for the manifest: a user function's import path + source hash (read in a
+    short-lived reward process, with `reward.python_path` on its sys.path), or the built-in verifier(s) +
+    the sha256 of posttrain/data/verifiers.py. A bare string is `reward.fn` with no python_path."""
+    cfg = reward if isinstance(reward, RewardConfig) else RewardConfig(fn=reward)
+    if cfg.fn:
         from posttrain.rewards import reward_identity as user_identity
 
-        return {"kind": "user", **user_identity(reward_fn)}
+        return {"kind": "user", **user_identity(cfg)}
     from posttrain.data import verifiers
 
     src = Path(verifiers.__file__).read_bytes()

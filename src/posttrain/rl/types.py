@@ -46,6 +46,10 @@ class PromptBatch:
     """(P,) reference answers for the verifier."""
     tasks: list[str | None]
     """(P,) verifier name per prompt ("addition", "chain", "exact", ...)."""
+    messages: list[list[dict]]
+    """(P,) the prompt turns [{role, content}] of each example, for reward functions that read the prompt."""
+    columns: list[dict]
+    """(P,) every other column of each example's source row ({} for built-in tasks): reward arguments."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +70,10 @@ class Trajectories:
     """(B,) decoded responses (special tokens skipped)."""
     answers: list[str | None]
     tasks: list[str | None]
+    messages: list[list[dict]]
+    """(B,) the prompt turns of each sample's example (the same list object for the samples of one prompt)."""
+    columns: list[dict]
+    """(B,) the example's other columns, as in PromptBatch.columns."""
     compute_s: float
     """Seconds spent generating, as timed inside the workers (max over workers)."""
 
@@ -76,7 +84,9 @@ class Rewards:
     scores: list[float]
     """(B,) scalar reward per trajectory."""
     failures: list[str | None]
-    """(B,) None, or why scoring failed (reward function raised / timed out); such a score is 0."""
+    """(B,) None, or why scoring failed (raised, timed out, died, returned a non-number); such a score is 0."""
+    scorer: str
+    """What scored: the user's `module:function`, or "posttrain.data.verifiers:score"."""
     compute_s: float
 
 
@@ -161,6 +171,11 @@ class RolloutGroup(Protocol):
 
 class RewardGroup(Protocol):
     def identities(self) -> list[WorkerId]: ...
+
+    def check_arguments(self, columns: list[str]) -> None:
+        """Raise (before any work) if the reward function requires an argument that neither the scorer nor
+        any of these dataset columns supplies."""
+        ...
 
     def score(self, trajectories: Trajectories) -> Rewards: ...
 

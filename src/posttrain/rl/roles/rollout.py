@@ -73,6 +73,7 @@ class RolloutWorker:
             finished=[g.finished for g in gens],
             texts=[tok.decode(g.response_ids, skip_special_tokens=True) for g in gens],
             answers=[prompts.answers[i] for i in group], tasks=[prompts.tasks[i] for i in group],
+            messages=[prompts.messages[i] for i in group], columns=[prompts.columns[i] for i in group],
             compute_s=time.perf_counter() - t0)
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> WeightReport:
@@ -108,7 +109,8 @@ class RolloutGroup:
             response_ids=[x for r in results for x in r.response_ids],
             logprobs=[x for r in results for x in r.logprobs], finished=[x for r in results for x in r.finished],
             texts=[x for r in results for x in r.texts], answers=[x for r in results for x in r.answers],
-            tasks=[x for r in results for x in r.tasks], compute_s=max(r.compute_s for r in results))
+            tasks=[x for r in results for x in r.tasks], messages=[x for r in results for x in r.messages],
+            columns=[x for r in results for x in r.columns], compute_s=max(r.compute_s for r in results))
 
     def load_weights(self, weights: WeightsHandle) -> list[WeightReport]:
         # The payload (a Ray ObjectRef in real runs) goes to every worker as is: Ray resolves it in each worker,
@@ -119,4 +121,5 @@ class RolloutGroup:
 
 def _slice(p: PromptBatch, lo: int, hi: int) -> PromptBatch:
     return PromptBatch(policy_version=p.policy_version, example_ids=p.example_ids[lo:hi],
-                       prompt_ids=p.prompt_ids[lo:hi], answers=p.answers[lo:hi], tasks=p.tasks[lo:hi])
+                       prompt_ids=p.prompt_ids[lo:hi], answers=p.answers[lo:hi], tasks=p.tasks[lo:hi],
+                       messages=p.messages[lo:hi], columns=p.columns[lo:hi])
