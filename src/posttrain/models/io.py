@@ -119,6 +119,14 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     return model.to(device).eval()
 
 
+def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute each decoder layer in the backward pass (HF's per-layer checkpointing, non-reentrant: the
+    reentrant variant does not mix with DDP's no_sync and drops gradients when the layer inputs do not
+    require grad). Only active while the model is in training mode. Call before wrapping in DDP/FSDP2."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
 # ------------------------------------------------------------------------------------------- saving
 
 
@@ -132,6 +140,7 @@ def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> None:
     eos = list(dict.fromkeys(_as_ids(gen.eos_token_id) + _as_ids(tokenizer.eos_token_id)))
     gen.eos_token_id = eos[0] if len(eos) == 1 else (eos or None)
     gen.pad_token_id = tokenizer.pad_token_id
+    gen._from_model_config = False  # else generate() may rebuild it from config.json, losing the EOS list
     try:  # save with the completed generation config without changing the caller's model
         model.generation_config = gen
         model.save_pretrained(out, safe_serialization=True)

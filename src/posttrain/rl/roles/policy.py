@@ -1,5 +1,5 @@
-"""Policy role: N workers forming ONE torch.distributed group (gloo on CPU, NCCL on GPU) that run the same
-GRPO update - SPMD - on token-balanced shards of the batch.
+"""Policy role: N workers forming ONE torch.distributed group that run the same GRPO update - SPMD - on
+token-balanced shards of the batch.
 
 Each rank computes its loss with `grpo.policy_loss(..., normalizer=GLOBAL tokens or sequences)` and scales it
 by world_size because DDP averages gradients; so the all-reduced gradient is exactly the gradient of the
@@ -9,10 +9,21 @@ after the first, the clipped importance ratio does its work. The policy version 
 
 `PolicyGroup.update` = dispatch.shard -> .remote on every rank -> gather -> reduce stats (and check that all
 ranks hold identical weights afterwards).
+
+Devices: each rank computes on its own device (`local_device()`: the GPU Ray assigned it, else CPU). The
+group uses NCCL only when every rank is on a GPU and no two ranks share one (NCCL refuses two ranks on one
+GPU); otherwise gloo. Weights and optimizer stay fp32; with model.dtype BF16 on CUDA the forward runs under
+torch.autocast(bfloat16), and the weights handed to rollout workers are rounded to bf16 (the checksum is
+taken over exactly what is handed over, so a bf16 rollout engine reports the same one).
+model.gradient_checkpointing recomputes activations in the update's backward pass.
+
+Log-probs (drift check, update) are those of the sampling distribution the rollout used: temperature, then
+rl.top_k / rl.top_p truncation, renormalised (posttrain.models.generate.sampling_logprobs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -24,9 +35,16 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from posttrain.config import LossAgg, RLConfig
-from posttrain.models.generate import entropy_from_logits, forward_response_logits, sequence_logprobs, token_logprobs
-from posttrain.models.io import load_model, load_tokenizer, save_model
+from posttrain.config import DType, LossAgg, ModelConfig, RLConfig
+from posttrain.models.generate import entropy_from_logits, forward_response_logits, sampling_logprobs, sequence_logprobs
+from posttrain.models.io import (
+    compute_dtype,
+    enable_gradient_checkpointing,
+    load_model,
+    load_tokenizer,
+    local_device,
+    save_model,
+)
 from posttrain.rl import dispatch
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.remote import gather
@@ -43,12 +61,20 @@ def warmup_scale(version: int, warmup_steps: int) -> float:
 
 
 class PolicyWorker:
-    def __init__(self, model_dir: str, cfg: RLConfig, rank: int, world_size: int):
+    def __init__(self, model_dir: str, cfg: RLConfig, rank: int, world_size: int, model_cfg: ModelConfig | None = None):
+        """`model_cfg` supplies dtype and gradient_checkpointing (default: ModelConfig(), fp32, off)."""
         single_threaded()
         self.cfg, self.rank, self.world = cfg, rank, world_size
+        self.model_cfg = model_cfg or ModelConfig()
         self.id = worker_identity("policy", rank, world_size)
         torch.manual_seed(cfg.seed)
-        self.model = load_model(model_dir).train()
+        self.device = local_device()
+        self.model = load_model(model_dir, device=self.device).train()  # fp32 master weights
+        if self.model_cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(self.model)
+        self.bf16 = self.device.type == "cuda" and self.model_cfg.dtype == DType.BF16
+        self.sync_dtype = compute_dtype(self.model_cfg.dtype, self.device)
+        """The dtype the weights are handed to rollout workers in (bf16 when they generate in bf16)."""
         self.tok = load_tokenizer(model_dir)
         self.version = 0
         self.ddp = None
@@ -74,19 +100,32 @@ class PolicyWorker:
             s.bind((host, 0))
             return host, s.getsockname()[1]
 
-    def setup_process_group(self, addr: str, port: int, timeout_s: float) -> None:
-        """Join the policy group (every rank calls this at once; it blocks until all have joined)."""
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    def device_key(self) -> str:
+        """"cpu", or the UUID of this rank's GPU (ranks on different nodes see different UUIDs; ranks
+        sharing a GPU the same one)."""
+        if self.device.type != "cuda":
+            return "cpu"
+        return str(torch.cuda.get_device_properties(self.device).uuid)
+
+    def setup_process_group(self, addr: str, port: int, timeout_s: float, backend: str | None = None) -> None:
+        """Join the policy group (every rank calls this at once; it blocks until all have joined). `backend`
+        is chosen by the group (`choose_backend`); None: NCCL on a GPU, gloo on CPU."""
+        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
         if not dist.is_initialized():
             dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                     world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))
-        self.ddp = torch.nn.parallel.DistributedDataParallel(self.model)
+        self.ddp = torch.nn.parallel.DistributedDataParallel(
+            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
     def log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
         t0 = time.perf_counter()
         self.model.eval()
-        lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
-                               pad_id=self.tok.pad_token_id)
+        with self._autocast():
+            lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
+                                   pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         self.model.train()
         return [x.tolist() for x in lp], time.perf_counter() - t0
 
@@ -105,12 +144,13 @@ class PolicyWorker:
                 lo, hi = bounds[m], bounds[m + 1]
                 sync = m == n_micro - 1
                 with (torch.enable_grad() if sync else self.ddp.no_sync()):
-                    logits, targets, mask = forward_response_logits(
-                        self.ddp, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi], self.tok.pad_token_id)
-                    logp = token_logprobs(logits, targets, cfg.temperature)  # (b, R)
-                    old = _pad(shard.old_logprobs[lo:hi], logp.shape)
-                    ref = _pad(shard.ref_logprobs[lo:hi], logp.shape) if shard.ref_logprobs else None
-                    adv = torch.tensor(shard.advantages[lo:hi], dtype=torch.float32)
+                    with self._autocast():
+                        logits, targets, mask = forward_response_logits(
+                            self.ddp, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi], self.tok.pad_token_id)
+                    logp = sampling_logprobs(logits, targets, cfg.temperature, cfg.top_p, cfg.top_k)  # (b, R) fp32
+                    old = _pad(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
+                    ref = _pad(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
+                    adv = torch.tensor(shard.advantages[lo:hi], dtype=torch.float32, device=self.device)
                     loss, st = grpo.policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                                 loss_agg=cfg.loss_agg, ref_logp=ref, kl_coef=cfg.kl_coef,
                                                 kl_estimator=cfg.kl_estimator, normalizer=norm)
@@ -132,7 +172,7 @@ class PolicyWorker:
             self.opt.zero_grad(set_to_none=True)
         self.version += 1
         return {**sums, "grad_norm": grad_norm, "version": self.version,
-                "checksum": weights_checksum(self.model.state_dict()), "compute_s": time.perf_counter() - t0}
+                "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
 
     def _set_lr(self) -> None:
         scale = warmup_scale(self.version, self.cfg.warmup_steps)
@@ -140,10 +180,12 @@ class PolicyWorker:
             g["lr"] = g.setdefault("base_lr", g["lr"]) * scale
 
     def checksum(self) -> str:
-        return weights_checksum(self.model.state_dict())
+        """Checksum of exactly what `state_dict()` hands to rollout workers (in `sync_dtype`)."""
+        return weights_checksum({k: v.detach().to(self.sync_dtype) for k, v in self.model.state_dict().items()})
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """The weights for rollout workers: CPU copies in `sync_dtype` (Ray ships CPU tensors)."""
+        return {k: v.detach().to("cpu", self.sync_dtype, copy=True) for k, v in self.model.state_dict().items()}
 
     def save(self, out_dir: str) -> None:
         if self.rank == 0:
@@ -153,14 +195,15 @@ class PolicyWorker:
         d = Path(state_dir)
         d.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
-            save_file({k: v.contiguous().clone() for k, v in self.model.state_dict().items()}, str(d / "policy.safetensors"))
+            save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()},
+                      str(d / "policy.safetensors"))
         torch.save({"optim": self.opt.state_dict(), "rng": torch.get_rng_state()}, d / f"optim-rank{self.rank}.pt")
         (d / f"version-rank{self.rank}.json").write_text(json.dumps({"version": self.version}))
 
     def load_state(self, state_dir: str) -> int:
         d = Path(state_dir)
         self.model.load_state_dict(load_file(str(d / "policy.safetensors")))
-        s = torch.load(d / f"optim-rank{self.rank}.pt", weights_only=True)
+        s = torch.load(d / f"optim-rank{self.rank}.pt", weights_only=True, map_location="cpu")
         self.opt.load_state_dict(s["optim"])
         torch.set_rng_state(s["rng"])
         self.version = json.loads((d / f"version-rank{self.rank}.json").read_text())["version"]
@@ -183,9 +226,12 @@ class PolicyGroup:
         return list(self.ids)
 
     def setup(self) -> None:
+        keys = gather([w.device_key.remote() for w in self.workers], self.ids, stage="policy.setup",
+                      timeout_s=self.timeout_s)
+        backend = choose_backend(keys)
         addr, port = gather([self.workers[0].master_address.remote()], self.ids[:1], stage="policy.setup",
                             timeout_s=self.timeout_s)[0]
-        refs = [w.setup_process_group.remote(addr, port, self.timeout_s) for w in self.workers]
+        refs = [w.setup_process_group.remote(addr, port, self.timeout_s, backend) for w in self.workers]
         gather(refs, self.ids, stage="policy.setup", timeout_s=self.timeout_s)
 
     def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
@@ -236,6 +282,14 @@ class PolicyGroup:
                           timeout_s=self.timeout_s)
         self.version = versions[0]
         return self.version
+
+
+def choose_backend(device_keys: list[str]) -> str:
+    """NCCL only when every rank is on a GPU of its own (distinct GPU UUIDs); gloo otherwise - NCCL refuses
+    two ranks on one GPU, and CPU ranks need gloo."""
+    if all(k != "cpu" for k in device_keys) and len(set(device_keys)) == len(device_keys):
+        return "nccl"
+    return "gloo"
 
 
 def _take(b: TrainBatch, idx: list[int]) -> TrainBatch:

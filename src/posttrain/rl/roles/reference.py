@@ -1,12 +1,17 @@
 """Reference role: log-probs of the frozen starting model for the KL penalty. The controller creates it
-only when rl.kl_coef > 0 (with no KL term it would be pure cost)."""
+only when rl.kl_coef > 0 (with no KL term it would be pure cost).
+
+The model sits on the worker's device (`local_device()`), in bf16 on CUDA when model.dtype is BF16. Its
+log-probs are those of the same sampling distribution as the policy's (temperature, rl.top_k, rl.top_p,
+renormalised; the scored token is never truncated away, so the KL stays finite)."""
 
 from __future__ import annotations
 
 import time
 
+from posttrain.config import ModelConfig, RLConfig
 from posttrain.models.generate import sequence_logprobs
-from posttrain.models.io import load_model, load_tokenizer
+from posttrain.models.io import load_model, load_tokenizer, local_device
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import single_threaded, where, worker_identity
@@ -14,9 +19,14 @@ from posttrain.rl.types import LogProbs, Trajectories, WorkerId
 
 
 class ReferenceWorker:
-    def __init__(self, model_dir: str, rank: int, world_size: int):
+    def __init__(self, model_dir: str, rank: int, world_size: int, cfg: RLConfig | None = None,
+                 model_cfg: ModelConfig | None = None):
+        """`cfg` supplies top_p/top_k (default: none), `model_cfg` the dtype (default fp32)."""
         single_threaded()
-        self.model, self.tok = load_model(model_dir), load_tokenizer(model_dir)
+        self.cfg, model_cfg = cfg or RLConfig(), model_cfg or ModelConfig()
+        self.device = local_device()
+        self.model = load_model(model_dir, device=self.device, dtype=model_cfg.dtype)
+        self.tok = load_tokenizer(model_dir)
         self.id = worker_identity("reference", rank, world_size)
 
     def identity(self) -> WorkerId:
@@ -28,7 +38,7 @@ class ReferenceWorker:
     def log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
         t0 = time.perf_counter()
         lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
-                               pad_id=self.tok.pad_token_id)
+                               pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         return [x.tolist() for x in lp], time.perf_counter() - t0
 
 
