@@ -26,7 +26,7 @@ from posttrain.models.tiny import build_model
 from posttrain.models.tokenizer import train_tokenizer
 from posttrain.rl.types import TrainBatch
 from posttrain.rl.weight_sync import weights_checksum
-from posttrain.sft.batching import IGNORE, collate
+from posttrain.sft.batching import collate
 
 TEXTS = [f"{a}+{b}={a + b}" for a in range(0, 100, 3) for b in range(0, 100, 7)] + ["the answer is"] * 4
 
@@ -344,7 +344,7 @@ def transformers_457(request):
     target = Path(request.config.cache.mkdir("transformers-4.57.6"))
     if not (target / "transformers-4.57.6.dist-info").exists():
         p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
-                            "transformers==4.57.6", "tokenizers==0.22.2"], capture_output=True, text=True,
+                            "transformers==4.57.6", "tokenizers==0.22.2"], check=False, capture_output=True, text=True,
                            timeout=600)
         if p.returncode != 0:
             if any(s in p.stderr for s in ("Could not find a version", "NewConnectionError", "Network is unreachable",
@@ -358,8 +358,8 @@ def _run_check(model_dir: Path, pythonpath: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    p = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, str(model_dir)], capture_output=True, text=True,
-                       timeout=300, env=env)
+    p = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, str(model_dir)], check=False, capture_output=True,
+                       text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.split("RESULT", 1)[1])
 

@@ -16,7 +16,7 @@ import torch
 
 from posttrain.rl.dispatch import split_even
 from posttrain.models.generate import Generation, generate
-from posttrain.models.io import load_model, load_tokenizer
+from posttrain.models.io import eos_token_ids, load_model, load_tokenizer, local_device
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import single_threaded, where, worker_identity
 from posttrain.rl.types import PromptBatch, Trajectories, WeightReport, WeightsHandle, WorkerId
@@ -24,22 +24,41 @@ from posttrain.rl.weight_sync import weights_checksum
 
 
 class RolloutEngine(Protocol):
+    """Something that generates with the policy's weights. `tokenizer` decodes the responses."""
+
+    tokenizer: object
+
     def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int,
-                 seed: int) -> list[Generation]: ...
+                 seed: int, top_p: float = 1.0, top_k: int = 0) -> list[Generation]:
+        """n samples per prompt (prompt-major), each stopped at any of the model's EOS ids. Every token's
+        log-prob is that of the distribution it was sampled from (temperature, top_k, top_p, renormalised:
+        posttrain.models.generate.sampling_logprobs), which the policy's drift check recomputes."""
+        ...
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None: ...
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Hold these tensors (cast to the engine's own dtype and device)."""
+        ...
 
-    def checksum(self) -> str: ...
+    def checksum(self) -> str:
+        """weights_checksum of the weights actually held."""
+        ...
 
 
 class TransformersEngine:
-    def __init__(self, model_dir: str):
-        self.model, self.tokenizer = load_model(model_dir), load_tokenizer(model_dir)
+    """The model on this worker's device (`local_device()`: the GPU Ray assigned it, else CPU), in
+    `model.dtype` there (bf16 only on CUDA; fp32 on CPU); KV-cache batched decoding of
+    posttrain.models.generate, stopping at every EOS id of the folder (`eos_token_ids`)."""
 
-    def generate(self, prompts, *, n, temperature, max_new_tokens, seed):
+    def __init__(self, model_dir: str, *, device: str | torch.device | None = None, dtype=None):
+        self.device = torch.device(device) if device is not None else local_device()
+        self.model = load_model(model_dir, device=self.device, dtype=dtype)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.eos_ids = eos_token_ids(model_dir, self.tokenizer)
+
+    def generate(self, prompts, *, n, temperature, max_new_tokens, seed, top_p=1.0, top_k=0):
         return generate(self.model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, n=n,
-                        eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, seed=seed,
-                        batch_size=512)
+                        eos_id=self.eos_ids, pad_id=self.tokenizer.pad_token_id, seed=seed,
+                        batch_size=512, top_p=top_p, top_k=top_k)
 
     def load_weights(self, state):
         self.model.load_state_dict(state)
