@@ -28,8 +28,8 @@ user code can neither crash nor hang a run (after MAX_TIMEOUTS_PER_SCORE timeout
 rest of that batch fails without being called). Messages between the processes are JSON (no pickle), so the
 row's columns must be JSON values, as the dataset contract requires.
 
-Leaves out: resource limits beyond time (memory, network), and reward functions that start their own
-processes from the child at exit (the child is killed with its parent on Linux).
+Leaves out: limits other than time (memory, CPU, network) and filesystem isolation - the child is a plain
+process of the same user, killed with its parent on Linux.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
 from typing import Self
 
-from posttrain.config import RewardConfig
+from posttrain.config import ConfigError, RewardConfig
 
 RESERVED = ("prompt", "messages", "completion", "answer", "task")
 """Argument names the scorer supplies itself; they win over a column of the same name."""
@@ -63,9 +63,10 @@ without calling the function: a function that always hangs costs 3 x timeout_s p
 per sample (which would outlast the RL stage's own remote-call timeout)."""
 
 
-class RewardFunctionError(ValueError):
+class RewardFunctionError(ConfigError):
     """The reward function cannot be used at all (bad name, import error, unusable signature or arguments);
-    raised before any scoring, naming the `reward.*` setting at fault."""
+    raised before any scoring, naming the `reward.*` setting at fault. A ConfigError, so entry points that
+    report bad settings report this one the same way."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +173,18 @@ def _describe(e: BaseException) -> str:
     """'ValueError: message (file.py:12)': the exception and the innermost frame that raised it."""
     tb = traceback.extract_tb(e.__traceback__)
     where = f" ({Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
-    return f"{type(e).__name__}: {e}{where}"
+    text = str(e)
+    return f"{type(e).__name__}: {text if len(text) <= 300 else text[:297] + '...'}{where}"
+
+
+def _module_source(fn) -> bytes:
+    """The source of the function's module (its file's bytes when there is no source, e.g. a compiled one)."""
+    module = inspect.getmodule(fn)
+    try:
+        return inspect.getsource(module).encode()
+    except (OSError, TypeError):
+        file = getattr(module, "__file__", None)
+        return Path(file).read_bytes() if file else b""
 
 
 def _die_with_parent() -> None:
@@ -198,9 +210,7 @@ def _serve(conn, path: str, python_path: list[str]) -> None:
     try:
         fn = _load(path)
         sig = _signature(path, fn)
-        module = inspect.getmodule(fn)
-        source = inspect.getsource(module) if module is not None else ""
-        identity = {"import_path": path, "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
+        identity = {"import_path": path, "source_sha256": hashlib.sha256(_module_source(fn)).hexdigest()}
     except BaseException as e:  # noqa: BLE001 - anything at import time is reported to the parent
         msg = str(e) if isinstance(e, RewardFunctionError) else f"reward.fn: importing {path!r} failed: {_describe(e)}"
         conn.send_bytes(json.dumps({"status": "error", "error": msg}).encode())
