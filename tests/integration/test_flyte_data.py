@@ -60,4 +60,4 @@ def test_config_error_type():
     from posttrain.recipes import resolve
 
     with pytest.raises(ConfigError):
-        resolve("tiny_cpu", '{"eval": {"k": 0}}')
+        resolve("tiny_cpu", '{"eval": {"k": -1}}')
