@@ -99,7 +99,8 @@ class Controller:
         with _timed(phase, "rollout"):
             prompts = self.sampler.next_batch(policy_version=v)
             traj = g.rollout.generate(prompts, n=cfg.samples_per_prompt, temperature=cfg.temperature,
-                                      max_new_tokens=cfg.max_new_tokens, seed=self.rng.randrange(2**31))
+                                      max_new_tokens=cfg.max_new_tokens, seed=self.rng.randrange(2**31),
+                                      top_p=cfg.top_p, top_k=cfg.top_k)
         _expect_version("rollout", traj.policy_version, v)
 
         # NOTE: before the update both sides hold version v, so this compares the rollout engine with the

@@ -104,7 +104,9 @@ class FakeRolloutGroup:
         return self.model
 
     def generate(self, prompts: PromptBatch, *, n: int, temperature: float, max_new_tokens: int,
-                 seed: int) -> Trajectories:
+                 seed: int, top_p: float = 1.0, top_k: int = 0) -> Trajectories:
+        if top_p != 1.0 or top_k != 0:
+            raise ValueError("the fake rollout samples the full distribution: top_p must be 1.0 and top_k 0")
         gen, model = torch.Generator().manual_seed(seed), self._sampling_model()
         rows = [(i, p) for i, p in enumerate(prompts.prompt_ids) for _ in range(n)]
         samples = [model.sample(p, temperature, max_new_tokens, gen) for _, p in rows]

@@ -80,10 +80,11 @@ class RolloutWorker:
     def where(self) -> dict:
         return where()
 
-    def generate(self, prompts: PromptBatch, n: int, temperature: float, max_new_tokens: int, seed: int) -> Trajectories:
+    def generate(self, prompts: PromptBatch, n: int, temperature: float, max_new_tokens: int, seed: int,
+                 top_p: float = 1.0, top_k: int = 0) -> Trajectories:
         t0 = time.perf_counter()
         gens = self.engine.generate(prompts.prompt_ids, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
-                                    seed=seed + 7919 * self.id.rank)
+                                    seed=seed + 7919 * self.id.rank, top_p=top_p, top_k=top_k)
         tok = self.engine.tokenizer
         group = [i for i in range(len(prompts.prompt_ids)) for _ in range(n)]
         return Trajectories(
@@ -111,10 +112,11 @@ class RolloutGroup:
         return list(self.ids)
 
     def generate(self, prompts: PromptBatch, *, n: int, temperature: float, max_new_tokens: int,
-                 seed: int) -> Trajectories:
+                 seed: int, top_p: float = 1.0, top_k: int = 0) -> Trajectories:
         parts = split_even(len(prompts.prompt_ids), len(self.workers))  # contiguous: keeps groups together
         shards = [_slice(prompts, lo, hi) for lo, hi in parts]
-        refs = [w.generate.remote(s, n, temperature, max_new_tokens, seed) for w, s in zip(self.workers, shards)]
+        refs = [w.generate.remote(s, n, temperature, max_new_tokens, seed, top_p, top_k)
+                for w, s in zip(self.workers, shards)]
         results: list[Trajectories] = gather(refs, self.ids, stage="rollout.generate", timeout_s=self.timeout_s)
         for r, w in zip(results, self.ids):
             if r.policy_version != prompts.policy_version:
