@@ -1,6 +1,6 @@
 """Held-out evaluation: greedy accuracy always; sampled accuracy (mean over k samples) and pass@k only when
-`eval.k > 0`. The prompt is rendered with the model's own chat template; sampling uses eval.temperature,
-eval.top_p and eval.top_k.
+`eval.k > 0`. The prompt is rendered with the model's own chat template; generation stops at every EOS id of the
+model folder; sampling uses eval.temperature, eval.top_p and eval.top_k.
 
 Every completion is scored by `posttrain.rewards.RewardScorer` - the task's verifier, or the user's
 `reward.fn` in the same sandboxed child process, with the same call convention and `reward.timeout_s`, as
@@ -14,7 +14,6 @@ of them (it may not need an answer). Leaves out: stopping on a failure rate (RL 
 
 from __future__ import annotations
 
-import inspect
 import time
 from pathlib import Path
 
@@ -24,9 +23,8 @@ from posttrain.config import EvalConfig, RewardConfig
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.eval.report import EvalReport
-from posttrain.models import io as model_io
 from posttrain.models.generate import generate
-from posttrain.models.io import load_model, load_tokenizer
+from posttrain.models.io import eos_token_ids, load_model, load_tokenizer
 from posttrain.rewards import RewardSample, RewardScorer
 
 FAILURE_EXAMPLES = 5
@@ -48,12 +46,12 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         torch.set_num_threads(max(1, torch.get_num_threads()))
         model, tok = load_model(model_dir, device=device), load_tokenizer(model_dir)
         prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
-        kw = {"max_new_tokens": cfg.max_new_tokens, "eos_id": _eos(model_dir, tok), "pad_id": tok.pad_token_id,
-              "batch_size": cfg.batch_size}
+        kw = {"max_new_tokens": cfg.max_new_tokens, "eos_id": eos_token_ids(model_dir, tok),
+              "pad_id": tok.pad_token_id, "batch_size": cfg.batch_size}
         t0 = time.perf_counter()
         greedy = generate(model, prompts, temperature=0.0, n=1, seed=cfg.seed, **kw)
-        sampled = (generate(model, prompts, temperature=cfg.temperature, n=cfg.k, seed=cfg.seed, **kw,
-                            **_sampling_kwargs(cfg)) if cfg.k > 0 else [])
+        sampled = (generate(model, prompts, temperature=cfg.temperature, n=cfg.k, seed=cfg.seed, top_p=cfg.top_p,
+                            top_k=cfg.top_k, **kw) if cfg.k > 0 else [])
         seconds = time.perf_counter() - t0
 
         def decode(g):
@@ -80,22 +78,6 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         reward_failure_examples=_distinct(failures, FAILURE_EXAMPLES),
         mean_response_tokens=n_tokens / len(greedy + sampled), seconds=seconds,
         generated_tokens_per_s=n_tokens / max(seconds, 1e-9), samples=samples)
-
-
-def _sampling_kwargs(cfg: EvalConfig) -> dict:
-    """top_p / top_k for the sampled pass, passed only if posttrain.models.generate.generate takes them (it
-    gains them in the same change as these settings)."""
-    params = inspect.signature(generate).parameters
-    return {k: getattr(cfg, k) for k in ("top_p", "top_k") if k in params}
-
-
-def _eos(model_dir, tok):
-    """Every stop id of the model when generate accepts a list (posttrain.models.io.eos_token_ids), else the
-    tokenizer's EOS id."""
-    takes_list = "list" in str(inspect.signature(generate).parameters["eos_id"].annotation)
-    if takes_list and hasattr(model_io, "eos_token_ids"):
-        return model_io.eos_token_ids(model_dir, tok)
-    return tok.eos_token_id
 
 
 def _distinct(reasons: list[str], n: int) -> list[str]:
