@@ -20,9 +20,11 @@ from posttrain.config import (
     PlacementConfig,
     RLConfig,
     SFTConfig,
+    TokenizerConfig,
     apply_overrides,
     validate,
 )
+from posttrain.models.smollm2 import default_dir as smollm2_default_dir
 
 
 def tiny_cpu() -> PipelineConfig:
@@ -71,11 +73,62 @@ def gpu_single() -> PipelineConfig:
     )
 
 
+def small_instruct_cpu() -> PipelineConfig:
+    """A small pretrained instruct model (about 100-500M parameters) post-trained on a 2-core CPU.
+
+    model.base_path - YOUR model: set it to a local HF folder with safetensors weights and its own tokenizer
+    and chat template (`{"model": {"base_path": "/path/to/folder"}}`), or give `model.artifact` instead (then
+    override base_path to ""). It defaults to the SmolLM2-135M-Instruct folder that `make real-model` builds
+    ($POSTTRAIN_MODELS or ~/.cache/posttrain/models), so the recipe resolves and runs as is; nothing reads the
+    folder before a stage starts. data - the built-in 3-digit addition task as a stand-in (2,000 rows, 100
+    held out) so the recipe runs end to end; for your own data set `data.task` "" and `data.files` (and
+    `data.eval_files`, `reward.fn`). data.tokenizer.train is false: a pretrained model brings its tokenizer.
+
+    Why these numbers, against tiny_cpu (a 0.56M model trained from random weights):
+    - model.max_seq_len 256 (tiny: 32): the model's chat template alone adds ~30 tokens (SmolLM2's default
+      system line), real prompts are sentences, and answers come in words; 256 leaves ~190 prompt tokens
+      beside 64 new ones. Longer costs attention time and memory on every step.
+    - sft.lr 1e-5 with 10% linear warm-up and cosine decay to 1e-6 (tiny: 3e-3): from random weights a large
+      step is needed; a pretrained model already has language and the chat format, and AdamW moves every
+      weight by about lr per step, so large rates overwrite what it knows (full fine-tuning of models this
+      size commonly uses 1e-5 to 5e-5). Warm-up lets Adam's moment estimates settle before full-size steps.
+    - sft batches: global 16, micro 4 per rank on 2 ranks (2 accumulation steps), 60 steps = 960 examples
+      (tiny: 256 x 450). A 135M model costs ~240x the compute per token of the tiny one; a pretrained
+      model needs a few hundred demonstrations to pick up a format, not many thousands to learn a language.
+    - rl.lr 1e-6 with 3 warm-up steps (tiny: 5e-5): the policy already writes fluent text; GRPO only shifts
+      probability between its own samples, and at larger rates a few noisy steps of 32 samples can undo what
+      pre-training and SFT built. Constant after warm-up, as for every RL run here.
+    - rl.prompts_per_step 8 x samples_per_prompt 4 = 32 completions per step, max_new_tokens 64 (tiny:
+      128 x 8 x 8 tokens): generation dominates an RL step on CPU (tens of tokens/s for this model), so the
+      batch is what 2 cores turn around in a few minutes; 4 samples still give GRPO a group to compare.
+      rl.micro_batch_size 4: the 49k-token vocabulary makes logits of 4 x 256 tokens ~200 MB in fp32.
+    - rl.kl_coef 0 (off): a reference model is another ~1 GB process and one more forward per step, and
+      20 steps at 1e-6 stay close to the start. Set it to ~0.02 for long runs or rewards that can be gamed.
+    - eval.k 0: greedy accuracy only on 50 problems with 64 new tokens (a sampled pass multiplies the
+      generation time); ask for `eval.k` 4 when you want sampled accuracy and pass@k.
+    - rl.remote_timeout_s 1800: one rollout or update call of a 135M model on a busy 2-core CPU can take
+      minutes; the timeout only bounds a hung worker, so it is generous.
+    """
+    return PipelineConfig(
+        name="small_instruct_cpu",
+        data=DataConfig(task="addition", num_examples=2000, num_digits=3, eval_size=100, seed=0,
+                        tokenizer=TokenizerConfig(train=False)),
+        model=ModelConfig(base_path=str(smollm2_default_dir()), max_seq_len=256),
+        sft=SFTConfig(steps=60, global_batch_size=16, micro_batch_size=4, lr=1e-5, min_lr_ratio=0.1,
+                      warmup_steps=6, nproc=2, save_every=20),
+        eval=EvalConfig(num_problems=50, k=0, max_new_tokens=64, batch_size=64),
+        rl=RLConfig(steps=20, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=64, lr=1e-6,
+                    warmup_steps=3, micro_batch_size=4, kl_coef=0.0, checkpoint_every=10, remote_timeout_s=1800.0),
+        placement=PlacementConfig(policy_workers=2, rollout_workers=1),
+    )
+
+
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny_cpu": tiny_cpu,
     "tiny_cpu_long": tiny_cpu_long,
     "tiny_chain": tiny_chain,
     "gpu_single": gpu_single,
+    "small_instruct_cpu": small_instruct_cpu,
 }
 
 
