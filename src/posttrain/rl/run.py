@@ -91,7 +91,7 @@ class ControllerActor:
         config = {"rl": to_dict(cfg), "reward": to_dict(spec.reward_cfg), "placement": to_dict(spec.placement_cfg), "max_seq_len": spec.max_seq_len}
         self.checkpointer = Checkpointer(
             state_dir=spec.state_dir, store_root=spec.store_root, run_id=spec.run_id, parents=spec.parents,
-            config=config, extra={"reward": reward_identity(spec.reward_cfg.fn, [e.get("task") for e in examples]),
+            config=config, extra={"reward": reward_identity(spec.reward_cfg, [e.get("task") for e in examples]),
                                   "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value})
         latest = self.checkpointer.latest()
         tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", run_dir=os.path.join(spec.state_dir, "wandb"),
