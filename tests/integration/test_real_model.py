@@ -93,3 +93,50 @@ def test_small_instruct_cpu_recipe_resolves_for_the_folder(smollm2_dir):
     cfg = resolve("small_instruct_cpu", {"model": {"base_path": str(smollm2_dir)}})
     assert not cfg.data.tokenizer.train and cfg.model.max_seq_len >= 256
     assert cfg.rl.max_new_tokens < cfg.model.max_seq_len and cfg.eval.k == 0
+
+
+# Greedy SmolLM2 answers these as "a op b = c" (measured: the first six right, the last two wrong: "10 - 4 = 2",
+# "12 + 30 = 32"), so the built-in exact-match verifier would score 0; the reward below reads the numbers.
+EVAL_PROBLEMS = [("What is 4 * 4?", "16"), ("What is 2 + 3?", "5"), ("What is 3 * 3?", "9"), ("What is 7 + 8?", "15"),
+                 ("What is 9 - 3?", "6"), ("What is 5 * 5?", "25"), ("What is 10 - 4?", "6"), ("What is 12 + 30?", "42")]
+REWARD_MODULE = '''
+import re
+
+
+def number_in_reply(completion, answer):
+    """1.0 when the reference answer is one of the numbers in the reply ("7 + 8 = 15" answers 15)."""
+    return float(answer in re.findall(r"-?\\d+", completion))
+'''
+
+
+def test_posttrain_eval_of_the_folder_with_a_user_reward(tmp_path, smollm2_dir):
+    """`posttrain eval` as a user runs it: the model folder, prompt/answer rows in a jsonl used as the eval
+    split, a reward function from a folder of its own, greedy only (eval.k 0), 16 new tokens."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("posttrain.cli", reason="`posttrain eval` (posttrain/cli.py) is not in this checkout")
+
+    def rows(problems):
+        return "".join(json.dumps({"prompt": f"{q} Answer with just the number.", "answer": a}) + "\n"
+                       for q, a in problems)
+
+    (tmp_path / "train.jsonl").write_text(rows([("What is 8 + 2?", "10"), ("What is 2 * 10?", "20")]))
+    (tmp_path / "eval.jsonl").write_text(rows(EVAL_PROBLEMS))
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "numreward.py").write_text(REWARD_MODULE)
+    overrides = {"data": {"task": "", "files": [str(tmp_path / "train.jsonl")], "schema": "prompt_answer",
+                          "eval_files": [str(tmp_path / "eval.jsonl")], "eval_size": 0},
+                 "model": {"base_path": str(smollm2_dir)},
+                 "eval": {"k": 0, "max_new_tokens": 16, "num_problems": 0},
+                 "reward": {"fn": "numreward:number_in_reply", "python_path": [str(tmp_path / "rewards")]}}
+    proc = subprocess.run([sys.executable, "-m", "posttrain.cli", "eval", "--recipe", "small_instruct_cpu",
+                           "--overrides", json.dumps(overrides), "--json"], capture_output=True, text=True,
+                          timeout=900, check=False,
+                          env={**os.environ, "POSTTRAIN_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    metrics = json.loads(proc.stdout)["metrics"]
+    assert metrics["num_problems"] == len(EVAL_PROBLEMS)
+    # 0.750 (6/8) measured here; another CPU's rounding may flip a borderline answer, not most of them.
+    assert 0.5 <= metrics["greedy_accuracy"] < 1.0, metrics
