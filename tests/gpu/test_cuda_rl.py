@@ -64,12 +64,8 @@ class Keep:
 rl = RLConfig(steps=2, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=6, top_p=0.95, top_k=50,
               kl_coef=0.01, checkpoint_every=0, micro_batch_size=32, remote_timeout_s=300, lr=1e-5)
 md = str(d / "model")
-class Engine(TransformersEngine):  # bf16 and rl.top_p/top_k: RolloutWorker does not pass them on yet
-    def generate(self, prompts, **kw):
-        return super().generate(prompts, **{**kw, "top_p": rl.top_p, "top_k": rl.top_k})
-
 rollout = RolloutWorker(md, 0, 1)
-rollout.engine = Engine(md, dtype=MODEL.dtype)
+rollout.engine = TransformersEngine(md, dtype=MODEL.dtype)  # bf16: RolloutWorker takes no model config yet
 policy = PolicyWorker(md, rl, 0, 1, model_cfg=MODEL)
 reference = ReferenceWorker(md, 0, 1, cfg=rl, model_cfg=MODEL)
 reward = RewardWorker(RewardConfig(), 0, 1)
