@@ -25,7 +25,8 @@ from tasks import settings
 
 Plan = NamedTuple("Plan", [("run_id", str), ("data", DataConfig), ("model", ModelConfig), ("sft", SFTConfig),
                            ("eval", EvalConfig), ("rl", RLConfig), ("reward", RewardConfig), ("placement", PlacementConfig),
-                           ("tracking", TrackingConfig)])
+                           ("tracking", TrackingConfig), ("sft_enabled", bool)])
+"""`sft_enabled` repeats `sft.enabled` as a plain bool: Flyte's `conditional` compares only primitive outputs."""
 
 
 @task(container_image=cpu_image)
@@ -37,4 +38,5 @@ def plan(recipe: str, overrides: str, run_id: str) -> Plan:
     settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers)
     rid = run_id or new_run_id()
     print(f"plan: run {rid}, recipe {cfg.name}")
-    return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking)
+    return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking,
+                cfg.sft.enabled)

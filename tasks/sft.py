@@ -4,7 +4,8 @@ Locally (`pyflyte run` without --remote) `nnodes=1, nproc_per_node=N` forks N re
 process group; on a cluster nnodes=1 is a plain pod and nnodes>1 a PyTorchJob of the training operator.
 N is fixed when the task is defined (tasks/settings.py: POSTTRAIN_SFT_NPROC, default 2) and must equal
 `sft.nproc` (checked by `plan` and again by the trainer against WORLD_SIZE). `start_method="fork"`: spawn
-cannot import a workflow module that is not installed (../shared/FACTS.md).
+cannot import a workflow module that is not installed (measured: ModuleNotFoundError under
+`pyflyte run`), and fork starts ranks faster.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from tasks import settings
     requests=Resources(cpu="2", mem="8Gi"),
 )
 def sft(model: ModelConfig, sft: SFTConfig, tracking: TrackingConfig, dataset: ArtifactRef,
-        tokenizer: Optional[ArtifactRef], run_id: str) -> ArtifactRef:
+        tokenizer: Optional[ArtifactRef], run_id: str, start_model: Optional[ArtifactRef] = None) -> ArtifactRef:
+    """`start_model`: the model to fine-tune (tasks/model.py); left out, it is resolved from `model` here."""
     from posttrain import stages
 
-    return stages.sft(model, sft, tracking, dataset=dataset, tokenizer=tokenizer, run_id=run_id)
+    return stages.sft(model, sft, tracking, dataset=dataset, tokenizer=tokenizer, start=start_model, run_id=run_id)

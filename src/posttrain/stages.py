@@ -17,6 +17,7 @@ from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.config import (
+    ConfigError,
     DataConfig,
     EvalConfig,
     ModelConfig,
@@ -86,20 +87,67 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
     return DataOutputs(dataset=ds_ref, tokenizer=tok_ref)
 
 
+def start_model(model: ModelConfig, *, run_id: str, store: ArtifactStore | None = None) -> ArtifactRef | None:
+    """The model a run starts from, as a `model` artifact: `model.artifact` looked up in the store (an id or
+    a unique prefix), or the `model.base_path` folder stored as an artifact - by content, so the same folder
+    always gives the same id and is copied into the store only once (a later call re-hashes it, which notices
+    an edited file, and copies nothing). None for a from-scratch model (neither is set)."""
+    from posttrain.artifacts import ArtifactNotFoundError
+
+    store = store or ArtifactStore()
+    if model.artifact:
+        try:
+            ref = store.ref(model.artifact)
+        except ArtifactNotFoundError as e:
+            raise ArtifactNotFoundError(f"model.artifact: {e}") from None
+        if ref.kind != "model":
+            raise ConfigError(f"model.artifact: {model.artifact!r} is a {ref.kind} artifact ({ref.short} {ref.name}), "
+                              f"not a model")
+        print(f"start_model: model artifact {ref.short} ({ref.name})")
+        return ref
+    if not model.base_path:
+        return None
+    base = Path(os.path.abspath(os.path.expanduser(model.base_path)))
+    if not base.is_dir():
+        raise FileNotFoundError(f"model.base_path: {base} is not a folder (expected a local HF model folder)")
+    if not any(base.glob("*.safetensors")):
+        raise FileNotFoundError(f"model.base_path: {base} holds no *.safetensors weights (only safetensors are "
+                                f"loaded; convert other formats first)")
+    ref = store.put("model", f"base-{base.name}", base, run_id=run_id, parents=[], config={"base_path": str(base)},
+                    extra={"stage": "base"})
+    print(f"start_model: {base} -> model artifact {ref.short}")
+    return ref
+
+
 def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, dataset: ArtifactRef,
-                  tokenizer: ArtifactRef | None) -> str:
-    return store.cache_key("sft", to_dict(model), to_dict(sft), dataset.id, tokenizer.id if tokenizer else None,
-                           source_digest("sft", "models", "data/chat.py"))
+                  tokenizer: ArtifactRef | None, start: ArtifactRef | None) -> str:
+    # The start model counts by its content id, not by where the user's folder lies.
+    model_part = {**to_dict(model), "base_path": "", "artifact": ""}
+    return store.cache_key("sft", model_part, _without_keep_state(sft), dataset.id, tokenizer.id if tokenizer else None,
+                           start.id if start else None, source_digest("sft", "models", "data/chat.py"))
 
 
 def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dataset: ArtifactRef,
-        tokenizer: ArtifactRef | None, run_id: str, store: ArtifactStore | None = None) -> ArtifactRef | None:
-    """Run on every rank of the SPMD group. Rank 0 stores the checkpoint and returns its handle."""
+        tokenizer: ArtifactRef | None, run_id: str, start: ArtifactRef | None = None,
+        store: ArtifactStore | None = None) -> ArtifactRef | None:
+    """Run on every rank of the SPMD group. Rank 0 stores the checkpoint and returns its handle.
+
+    `start` is the model to fine-tune (from `start_model`; resolved here from `model` when not given, None
+    for a from-scratch model). Its weights are loaded from the artifact's folder, so what lineage records is
+    what was trained. With `sft.enabled` false, `start` is returned as it is, untrained."""
     from posttrain.sft import run_sft
 
     store = store or ArtifactStore()
     rank = int(os.environ.get("RANK", "0"))
-    key = sft_cache_key(store, model, sft_cfg, dataset, tokenizer)
+    if start is None and (model.base_path or model.artifact):
+        start = start_model(model, run_id=run_id, store=store)  # same content -> same id on every rank
+    if not sft_cfg.enabled:
+        if start is None:
+            raise ConfigError("sft.enabled: false needs a model to start from: set model.base_path or model.artifact")
+        if rank == 0:
+            print(f"sft: disabled (sft.enabled=false): passing model {start.short} through untrained")
+        return start if rank == 0 else None
+    key = sft_cache_key(store, model, sft_cfg, dataset, tokenizer, start)
     hit = store.cache_get(key)
     if hit is not None:  # every rank sees the same hit, so no rank waits on a collective
         if rank == 0:
@@ -108,7 +156,10 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
 
     ds_dir = store.get(dataset)
     tok_dir = store.get(tokenizer) if tokenizer else None
-    base_dir = Path(model.base_path) if model.base_path else None
+    base_dir = store.get(start) if start else None
+    # Before any training: every rank measures (cheap) so that all of them stop on a budget that cannot fit.
+    _check_budget(ds_dir, base_dir or tok_dir, max_seq_len=model.max_seq_len, max_new_tokens=0, sft=True,
+                  setting="")
     state_dir = _local_state_dir(store, "sft", key)  # stable across retries: a killed run resumes here
     with tempfile.TemporaryDirectory(prefix="posttrain-sft-") as tmp:
         out_dir = Path(tmp) / "model"
@@ -117,15 +168,14 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
                           state_dir=state_dir, run_name=f"sft-{run_id}")
         if rank != 0:
             return None
-        parents = [dataset.id] + ([tokenizer.id] if tokenizer else [])
-        if base_dir is not None:  # the user's model folder becomes an artifact too, so lineage reaches it
-            parents.append(store.put("model", f"base-{base_dir.name}", base_dir, run_id=run_id, parents=[],
-                                     config={"base_path": str(base_dir)}, extra={"stage": "base"}).id)
+        parents = [dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
         ref = store.put("model", f"sft-{dataset.name}", out_dir, run_id=run_id, parents=parents,
                         config={"model": to_dict(model), "sft": to_dict(sft_cfg)}, metrics=metrics,
-                        extra={"base_model": str(base_dir) if base_dir else None, "stage": "sft"},
+                        extra={"start_model": start.id if start else None, "stage": "sft"},
                         world_size=int(os.environ.get("WORLD_SIZE", "1")))
     store.cache_put(key, ref)
+    if not sft_cfg.keep_state:  # only after the model is stored: a failed run keeps its state and resumes
+        _drop_state(state_dir)
     print(f"sft: model {ref.short} (final loss {metrics.get('loss', float('nan')):.4f})")
     return ref
 
@@ -185,7 +235,8 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     """GRPO from `start_model` on the dataset's train prompts; returns the final RL `model` artifact.
 
     Must run where Ray is initialised (the Flyte Ray task's pre_execute does it). Training state lives in a
-    folder keyed by the inputs, so a killed task resumes from its last checkpoint when it is re-run.
+    folder keyed by the inputs, so a killed task resumes from its last checkpoint when it is re-run; it is
+    deleted once the final model is stored, unless `rl.keep_state`.
     """
     from posttrain.rl.run import run_rl
 
@@ -193,19 +244,57 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     if not rl_cfg.enabled:
         print("rl: disabled (rl.enabled=false): passing the start model through")
         return start_model
-    key = store.cache_key("rl", to_dict(rl_cfg), to_dict(reward), to_dict(placement), max_seq_len, start_model.id, dataset.id,
+    key = store.cache_key("rl", _without_keep_state(rl_cfg), to_dict(reward), to_dict(placement), max_seq_len, start_model.id, dataset.id,
                           source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
     hit = store.cache_get(key)
     if hit is not None:
         print(f"rl: cache hit -> model {hit.short}")
         return hit
+    start_dir, ds_dir = store.get(start_model), store.get(dataset)
+    # Before any generation: the train prompts plus rl.max_new_tokens must fit the model's context budget.
+    _check_budget(ds_dir, start_dir, max_seq_len=max_seq_len, max_new_tokens=rl_cfg.max_new_tokens, sft=False,
+                  setting="rl.max_new_tokens")
+    state_dir = _local_state_dir(store, "rl", key)
     result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, placement_cfg=placement, max_seq_len=max_seq_len, tracking_cfg=tracking,
-                    start_model_dir=store.get(start_model), dataset_dir=store.get(dataset), store_root=str(store.root),
-                    run_id=run_id, parents=[start_model.id, dataset.id], state_dir=_local_state_dir(store, "rl", key),
+                    start_model_dir=start_dir, dataset_dir=ds_dir, store_root=str(store.root),
+                    run_id=run_id, parents=[start_model.id, dataset.id], state_dir=state_dir,
                     start_model_id=start_model.id)
     store.cache_put(key, result.model)
+    if not rl_cfg.keep_state:  # only after the final model is stored: a failed run keeps its state and resumes
+        _drop_state(state_dir)
     print(f"rl: model {result.model.short} after {result.steps} updates")
     return result.model
+
+
+def _without_keep_state(cfg: SFTConfig | RLConfig) -> dict:
+    """A stage's config part for its cache key: keep_state only decides what happens after success, so a
+    failed run re-run with it switched on still finds (and resumes from) its state folder."""
+    return {k: v for k, v in to_dict(cfg).items() if k != "keep_state"}
+
+
+def _check_budget(dataset_dir: Path, tokenizer_dir: Path, *, max_seq_len: int, max_new_tokens: int, sft: bool,
+                  setting: str) -> None:
+    """Refuse (ConfigError naming the rows and the setting) a token budget some rows cannot fit, measured with
+    the tokenizer the stage trains with: the start model's own, or the trained one for a from-scratch model."""
+    from posttrain.data.lengths import check_budget
+    from posttrain.models.io import load_tokenizer
+
+    kwargs = {} if sft else {"splits": ("train",), "new_tokens_setting": setting}
+    check_budget(dataset_dir, load_tokenizer(tokenizer_dir), max_seq_len=max_seq_len, max_new_tokens=max_new_tokens,
+                 sft=sft, **kwargs)
+
+
+def _drop_state(state_dir: Path) -> None:
+    """Delete a finished stage's resumable state (checkpoints, optimizer, step log), keeping its offline
+    tracking logs (`wandb/`): once the final model is stored, the state only costs disk."""
+    import shutil
+
+    for child in state_dir.iterdir():
+        if child.name != "wandb":
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    if not any(state_dir.iterdir()):
+        state_dir.rmdir()
+    print(f"state: deleted {state_dir} (set sft.keep_state / rl.keep_state to keep it)")
 
 
 def _local_state_dir(store: ArtifactStore, stage: str, key: str) -> Path:

@@ -1,4 +1,7 @@
-"""The `posttrain` console command: list artifacts, show lineage, verify files, rebuild the index.
+"""The store's commands: list artifacts, show lineage, verify files, rebuild the index.
+
+The `posttrain` console command (posttrain/cli.py) adds these to its own (`eval`); this module runs alone
+too (`python -m posttrain.artifacts.cli`) and imports nothing above the artifact store.
 
     posttrain [--home ROOT] artifacts list [--kind K] [--run R] [--json]
     posttrain [--home ROOT] lineage ID [--json]
@@ -54,23 +57,25 @@ def _tree_json(node: LineageNode) -> dict:
             "metrics": m.metrics, "extra": m.extra, "parents": [_tree_json(p) for p in node.parents]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n")[0])
-    ap.add_argument("--home", help="store root (default: $POSTTRAIN_HOME or ~/.posttrain)")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    arts = sub.add_parser("artifacts").add_subparsers(dest="sub", required=True)
+def add_commands(sub) -> None:
+    """The store's subcommands (artifacts, lineage, verify, index), added to an argparse subparsers object."""
+    arts = sub.add_parser("artifacts", help="list stored artifacts").add_subparsers(dest="sub", required=True)
     ls = arts.add_parser("list")
     ls.add_argument("--kind")
     ls.add_argument("--run")
     ls.add_argument("--json", action="store_true")
-    lin = sub.add_parser("lineage")
+    lin = sub.add_parser("lineage", help="ancestor tree of an artifact")
     lin.add_argument("id")
     lin.add_argument("--json", action="store_true")
-    ver = sub.add_parser("verify")
+    ver = sub.add_parser("verify", help="re-hash every file of an artifact")
     ver.add_argument("id")
-    idx = sub.add_parser("index").add_subparsers(dest="sub", required=True)
+    idx = sub.add_parser("index", help="rebuild the SQLite index from the manifests").add_subparsers(
+        dest="sub", required=True)
     idx.add_parser("rebuild")
-    args = ap.parse_args(argv)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run one of the store's subcommands; errors are printed (no traceback) with exit status 1."""
     try:
         store = ArtifactStore(args.home)
         if args.cmd == "artifacts":
@@ -92,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"posttrain: error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n")[0])
+    ap.add_argument("--home", help="store root (default: $POSTTRAIN_HOME or ~/.posttrain)")
+    add_commands(ap.add_subparsers(dest="cmd", required=True))
+    return run_command(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

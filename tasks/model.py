@@ -1,0 +1,32 @@
+"""The model a run starts from: a local HF folder (`model.base_path`) or a stored `model` artifact
+(`model.artifact`) resolved into an `ArtifactRef`, so every later task (SFT, RL, evaluation) reads verified
+weights from the store and lineage reaches the start model. A folder is stored once, by content: the same
+files always give the same id, and a second run copies nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from flytekit import Resources, task
+
+from images.specs import cpu_image
+from posttrain.artifacts.handles import ArtifactRef
+from posttrain.config import ModelConfig
+
+
+@task(container_image=cpu_image, requests=Resources(cpu="1", mem="2Gi"))
+def start_model(model: ModelConfig, run_id: str) -> Optional[ArtifactRef]:
+    """`model.artifact` or the stored `model.base_path` folder; None for a from-scratch model."""
+    from posttrain import stages
+
+    return stages.start_model(model, run_id=run_id)
+
+
+@task(container_image=cpu_image)
+def given_model(start: Optional[ArtifactRef]) -> ArtifactRef:
+    """The start model, where a workflow needs one (evaluation alone, or RL with sft.enabled=false)."""
+    if start is None:
+        raise ValueError("no model given: set model.base_path (a local HF folder) or model.artifact (an artifact "
+                         "id), e.g. --overrides '{\"model\": {\"base_path\": \"/models/my-model\"}}'")
+    return start
