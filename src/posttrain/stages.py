@@ -244,8 +244,8 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     if not rl_cfg.enabled:
         print("rl: disabled (rl.enabled=false): passing the start model through")
         return start_model
-    key = store.cache_key("rl", _without_keep_state(rl_cfg), to_dict(reward), to_dict(placement), max_seq_len, start_model.id, dataset.id,
-                          source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
+    key = store.cache_key("rl", _without_keep_state(rl_cfg), to_dict(reward), to_dict(placement), max_seq_len,
+                          start_model.id, dataset.id, source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
     hit = store.cache_get(key)
     if hit is not None:
         print(f"rl: cache hit -> model {hit.short}")
@@ -255,8 +255,8 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     _check_budget(ds_dir, start_dir, max_seq_len=max_seq_len, max_new_tokens=rl_cfg.max_new_tokens, sft=False,
                   setting="rl.max_new_tokens")
     state_dir = _local_state_dir(store, "rl", key)
-    result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, placement_cfg=placement, max_seq_len=max_seq_len, tracking_cfg=tracking,
-                    start_model_dir=start_dir, dataset_dir=ds_dir, store_root=str(store.root),
+    result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, placement_cfg=placement, max_seq_len=max_seq_len,
+                    tracking_cfg=tracking, start_model_dir=start_dir, dataset_dir=ds_dir, store_root=str(store.root),
                     run_id=run_id, parents=[start_model.id, dataset.id], state_dir=state_dir,
                     start_model_id=start_model.id)
     store.cache_put(key, result.model)
