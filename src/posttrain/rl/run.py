@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from posttrain.artifacts import ArtifactRef
-from posttrain.config import PlacementConfig, RewardConfig, RLConfig, TrackingConfig, to_dict
+from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig, TrackingConfig, to_dict
 from posttrain.rl import placement as pl
 from posttrain.rl.metrics import StepMetrics
 
@@ -117,7 +117,7 @@ def default_workers() -> dict[str, type]:
     return {"rollout": RolloutWorker, "reward": RewardWorker, "reference": ReferenceWorker, "policy": PolicyWorker}
 
 
-def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, placement_cfg: PlacementConfig, max_seq_len: int, tracking_cfg: TrackingConfig,
+def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig | None = None, placement_cfg: PlacementConfig, max_seq_len: int, tracking_cfg: TrackingConfig,
            start_model_dir, dataset_dir, store_root: str, run_id: str, parents: list[str], state_dir,
            start_model_id: str, placement_timeout_s: float = 120.0, workers: dict[str, type] | None = None) -> RLResult:
     import ray
@@ -137,10 +137,10 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, placement_cfg: Placeme
         roles = plan.roles
         n = {r: len(p.bundle_indices) for r, p in roles.items()}
         init_args = {  # role -> constructor arguments of its rank-th worker
-            "rollout": lambda rank: (model_dir, rank, n["rollout"]),
+            "rollout": lambda rank: (model_dir, rank, n["rollout"], 0, model_cfg),
             "reward": lambda rank: (reward_cfg, rank, n["reward"]),
-            "reference": lambda rank: (model_dir, rank, n["reference"]),
-            "policy": lambda rank: (model_dir, cfg, rank, n["policy"]),
+            "reference": lambda rank: (model_dir, rank, n["reference"], cfg, model_cfg),
+            "policy": lambda rank: (model_dir, cfg, rank, n["policy"], model_cfg),
         }
         handles = {role: pl.create_role_actors(workers[role], roles[role], pgs, init_args[role]) for role in roles}
         actors = [h for hs in handles.values() for h in hs]

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 
+from posttrain.config import ModelConfig
+
 from posttrain.rl.dispatch import split_even
 from posttrain.models.generate import Generation, generate
 from posttrain.models.io import eos_token_ids, load_model, load_tokenizer, local_device
@@ -68,9 +70,10 @@ class TransformersEngine:
 
 
 class RolloutWorker:
-    def __init__(self, model_dir: str, rank: int, world_size: int, version: int = 0):
+    def __init__(self, model_dir: str, rank: int, world_size: int, version: int = 0,
+                 model_cfg: ModelConfig | None = None):
         single_threaded()
-        self.engine = TransformersEngine(model_dir)
+        self.engine = TransformersEngine(model_dir, dtype=model_cfg.dtype if model_cfg else None)
         self.id = worker_identity("rollout", rank, world_size)
         self.version = version
 
