@@ -1,0 +1,127 @@
+"""Start models and training state, through `posttrain.stages` in real subprocesses (world size 1):
+
+- `model.artifact`: SFT starts from a stored model artifact given by id prefix, reads its weights from the store
+  (the user's folder may be gone), and records it as a parent; with sft.enabled=false the artifact passes through.
+- the token budget is checked before any training (no state folder is created for a budget that cannot fit);
+- SFT's resumable state is deleted once the model is stored, kept with sft.keep_state, kept when the run dies
+  (and the re-run resumes from it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, shutil, sys
+from pathlib import Path
+from posttrain import stages
+from posttrain.artifacts import ArtifactStore
+from posttrain.config import ConfigError, ModelConfig, SFTConfig, TrackingConfig
+home, base, ds, mode = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+store = ArtifactStore(home)
+data = store.put("dataset", "addition", ds, run_id="t", parents=[], config={})
+track = TrackingConfig(wandb_mode="disabled", log_every=1)
+def sft_cfg(**kw):
+    return SFTConfig(**{"steps": 2, "global_batch_size": 16, "micro_batch_size": 16, "nproc": 1, "warmup_steps": 0,
+                        "save_every": 1, **kw})
+out = {}
+if mode == "artifact":
+    user = Path(home).parent / "user-model"
+    shutil.copytree(base, user)
+    start = stages.start_model(ModelConfig(base_path=str(user)), run_id="t", store=store)
+    shutil.rmtree(user)  # the user's folder is gone: SFT must read the stored artifact
+    trained = stages.sft(ModelConfig(artifact=start.id[:10]), sft_cfg(), track, dataset=data, tokenizer=None,
+                         run_id="t", store=store)
+    same = stages.sft(ModelConfig(base_path=str(user)), sft_cfg(), track, dataset=data, tokenizer=None, start=start,
+                      run_id="t", store=store)  # the same inputs by content: a cache hit, not a second run
+    skipped = stages.sft(ModelConfig(artifact=start.id[:10]), sft_cfg(enabled=False), track, dataset=data,
+                         tokenizer=None, run_id="t", store=store)
+    out = {"start": start.id, "trained": trained.id, "same": same.id, "skipped": skipped.id}
+elif mode == "budget":
+    try:
+        stages.sft(ModelConfig(base_path=str(base), max_seq_len=6), sft_cfg(), track, dataset=data, tokenizer=None,
+                   run_id="t", store=store)
+    except ConfigError as e:
+        out = {"error": str(e)}
+else:  # "keep" / "drop" / "long": train, then report what is left under state/
+    steps = 300 if mode == "long" else 3
+    ref = stages.sft(ModelConfig(base_path=str(base)), sft_cfg(steps=steps, keep_state=mode == "keep"), track,
+                     dataset=data, tokenizer=None, run_id="t", store=store)
+    out = {"model": ref.id}
+state = Path(home) / "state" / "sft"
+out["state"] = sorted(str(p.relative_to(state)) for p in state.glob("*/*")) if state.exists() else []
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _start(home: Path, fixture: dict, mode: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(home), str(fixture["model_dir"]),
+                             str(fixture["dataset_dir"]), mode], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def _run(home: Path, fixture: dict, mode: str) -> tuple[dict, str]:
+    proc = _start(home, fixture, mode)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    return json.loads(stdout.split("RESULT")[1]), stdout
+
+
+@pytest.mark.timeout(1500)  # the first user of the shared fixture trains it (a few minutes)
+def test_sft_from_a_model_artifact_reads_the_stored_weights_and_records_the_parent(tmp_path, tiny_sft_model):
+    from posttrain.artifacts import ArtifactStore
+
+    out, _ = _run(tmp_path / "home", tiny_sft_model, "artifact")
+    store = ArtifactStore(tmp_path / "home")
+    start = store.manifest(out["start"])
+    assert start.kind == "model" and start.extra == {"stage": "base"} and start.config["base_path"].endswith("user-model")
+    trained = store.manifest(out["trained"])
+    assert out["start"] in trained.parents and trained.extra["start_model"] == out["start"]
+    assert out["trained"] != out["start"] and out["same"] == out["trained"]
+    assert out["skipped"] == out["start"]  # sft.enabled=false: passed through, untrained
+    assert out["state"] == []  # deleted after success (keep_state is false by default)
+
+
+@pytest.mark.timeout(900)
+def test_a_budget_that_cannot_fit_stops_sft_before_any_training(tmp_path, tiny_sft_model):
+    out, _ = _run(tmp_path / "home", tiny_sft_model, "budget")
+    assert "model.max_seq_len=6" in out["error"] and "train.jsonl line" in out["error"]
+    assert out["state"] == []  # nothing started: no state folder
+
+
+@pytest.mark.timeout(900)
+def test_sft_state_is_deleted_after_success_and_kept_with_keep_state(tmp_path, tiny_sft_model):
+    dropped, _ = _run(tmp_path / "a", tiny_sft_model, "drop")
+    assert dropped["state"] == []
+    kept, _ = _run(tmp_path / "b", tiny_sft_model, "keep")
+    assert kept["state"] and all(p.split("/")[1].startswith("step-") for p in kept["state"])
+
+
+@pytest.mark.timeout(900)
+def test_sft_state_survives_a_killed_run_and_the_rerun_resumes_then_deletes_it(tmp_path, tiny_sft_model):
+    home = tmp_path / "home"
+    proc = _start(home, tiny_sft_model, "long")
+    deadline = time.time() + 300
+    while not list((home / "state" / "sft").glob("*/step-*[0-9]")):  # a complete state save (not a .tmp)
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    saved = sorted((home / "state" / "sft").glob("*/step-*[0-9]"))
+    assert saved, "the killed run's state was deleted"
+    last = int(saved[-1].name.split("-")[1])
+    out, stdout = _run(home, tiny_sft_model, "long")
+    first_logged = int(stdout.split("step ", 1)[1].split(":")[0])
+    assert first_logged == last >= 1  # resumed from the newest saved step (a fresh start logs step 0)
+    assert out["state"] == []
