@@ -16,7 +16,7 @@ from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
 
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
-from posttrain.config import PlacementConfig, RewardConfig, RLConfig, TrackingConfig
+from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig, TrackingConfig
 from posttrain.rl.placement import group_resource_start_params
 from tasks import settings
 
@@ -37,9 +37,9 @@ ray_config = RayJobConfig(
 
 
 @task(container_image=cpu_image, task_config=ray_config, requests=Resources(cpu="1", mem="2Gi"))
-def rl(rl: RLConfig, reward: RewardConfig, placement: PlacementConfig, max_seq_len: int, tracking: TrackingConfig,
+def rl(rl: RLConfig, reward: RewardConfig, placement: PlacementConfig, model: ModelConfig, tracking: TrackingConfig,
        start_model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> ArtifactRef:
     from posttrain import stages
 
-    return stages.rl(rl, reward, placement, tracking, max_seq_len=max_seq_len, start_model=start_model, dataset=dataset,
-                     run_id=run_id)
+    return stages.rl(rl, reward, placement, tracking, max_seq_len=model.max_seq_len, model_cfg=model,
+                     start_model=start_model, dataset=dataset, run_id=run_id)

@@ -62,7 +62,7 @@ def pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") ->
                    start_model=s, run_id=p.run_id))
          .else_().then(given_model(start=s)))
     e1 = evaluate(cfg=p.eval, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id)
-    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, max_seq_len=p.model.max_seq_len, tracking=p.tracking, start_model=m,
+    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model, tracking=p.tracking, start_model=m,
            dataset=d.dataset, run_id=p.run_id)
     e2 = evaluate(cfg=p.eval, reward=p.reward, model=r, dataset=d.dataset, run_id=p.run_id)
     return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e1.report, rl_model=r,

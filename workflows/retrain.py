@@ -26,7 +26,7 @@ def retrain(recipe: str = "tiny_cpu", overrides: str = "", channel: str = "produ
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
             run_id=p.run_id)
-    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, max_seq_len=p.model.max_seq_len,
+    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model,
            tracking=p.tracking, start_model=m, dataset=d.dataset, run_id=p.run_id)
     e = evaluate(cfg=p.eval, reward=p.reward, model=r, dataset=d.dataset, run_id=p.run_id)
     return promote(channel=channel, model=r, eval_report=e.report, min_accuracy=min_accuracy)

@@ -229,14 +229,14 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
 
 
 def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, tracking: TrackingConfig, *,
-       max_seq_len: int,
-       start_model: ArtifactRef, dataset: ArtifactRef, run_id: str,
-       store: ArtifactStore | None = None) -> ArtifactRef:
+       max_seq_len: int, start_model: ArtifactRef, dataset: ArtifactRef, run_id: str,
+       model_cfg: ModelConfig | None = None, store: ArtifactStore | None = None) -> ArtifactRef:
     """GRPO from `start_model` on the dataset's train prompts; returns the final RL `model` artifact.
 
     Must run where Ray is initialised (the Flyte Ray task's pre_execute does it). Training state lives in a
     folder keyed by the inputs, so a killed task resumes from its last checkpoint when it is re-run; it is
-    deleted once the final model is stored, unless `rl.keep_state`.
+    deleted once the final model is stored, unless `rl.keep_state`. `model_cfg` gives the workers their
+    dtype and gradient checkpointing (None: fp32, no checkpointing).
     """
     from posttrain.rl.run import run_rl
 
@@ -245,6 +245,7 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
         print("rl: disabled (rl.enabled=false): passing the start model through")
         return start_model
     key = store.cache_key("rl", _without_keep_state(rl_cfg), to_dict(reward), to_dict(placement), max_seq_len,
+                          (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
                           start_model.id, dataset.id, source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
     hit = store.cache_get(key)
     if hit is not None:
@@ -255,7 +256,8 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     _check_budget(ds_dir, start_dir, max_seq_len=max_seq_len, max_new_tokens=rl_cfg.max_new_tokens, sft=False,
                   setting="rl.max_new_tokens")
     state_dir = _local_state_dir(store, "rl", key)
-    result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, placement_cfg=placement, max_seq_len=max_seq_len,
+    result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, model_cfg=model_cfg, placement_cfg=placement,
+                    max_seq_len=max_seq_len,
                     tracking_cfg=tracking, start_model_dir=start_dir, dataset_dir=ds_dir, store_root=str(store.root),
                     run_id=run_id, parents=[start_model.id, dataset.id], state_dir=state_dir,
                     start_model_id=start_model.id)
