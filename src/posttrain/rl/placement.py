@@ -4,8 +4,8 @@
     pgs = create_placement_groups(plan, timeout_s=60)          # fails fast instead of hanging
     rollout = create_role_actors(RolloutWorker, plan.roles["rollout"], pgs, lambda rank: (model_dir, rank, 1))
 
-Sizing. Ray never starts an actor whose CPU request does not fit - it waits silently, forever (see
-shared/FACTS.md). So the plan reads the cluster's free CPUs and gives every actor the same fractional share,
+Sizing. Ray never starts an actor whose CPU request does not fit - it waits silently, forever (five
+actors at num_cpus=0.5 on 2 cores hang with no error). So the plan reads the cluster's free CPUs and gives every actor the same fractional share,
 `min(1, free CPUs / number of actors)`, rounded down to 1e-4, so that all actors of the run fit by
 construction. Fractional CPUs are a scheduling budget, not threads: role workers run single-threaded torch.
 GPU requests are `placement.gpus_per_worker` per actor; a plan asking for more GPUs than are free is
