@@ -16,8 +16,11 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(1800)]
 
 
-def test_pipeline_without_sft_runs_rl_from_the_base_folder_and_lineage_reaches_it(tmp_path, monkeypatch,
+def test_pipeline_without_sft_runs_rl_from_the_base_folder_and_lineage_reaches_it(tmp_path, monkeypatch, ray_local,
                                                                                     tiny_sft_model):
+    # ray_local first: the Flyte Ray task's pre_execute reuses the session's Ray (ignore_reinit_error) - if it
+    # started one itself, it would be sized to this machine's cores and stay up for the later Ray tests, which
+    # are written for ray_local's 4 logical CPUs.
     home = tmp_path / "home"
     monkeypatch.setenv("POSTTRAIN_HOME", str(home))
     from posttrain.artifacts import ArtifactStore
