@@ -1,4 +1,4 @@
-"""The controller driven by in-process fake groups (posttrain.rl.fakes): types flow, versions increase,
+"""The controller driven by in-process fake groups (tests/rl_fakes.py): types flow, versions increase,
 metrics are present, the safety checks fire, checkpoints resume exactly. No Ray, milliseconds per test -
 except the reward tests, which run the real reward role with a user function in a spawned child process."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from posttrain.config import RewardConfig, RLConfig, TrackingConfig
 from posttrain.rl.controller import Controller, RewardFailureError
-from posttrain.rl.fakes import (
+from tests.rl_fakes import (
     FakeRewardGroup,
     LowPrecisionRolloutGroup,
     NullTracker,

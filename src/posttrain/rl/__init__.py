@@ -11,7 +11,6 @@ Where to read what:
 - state.py        checkpoints (model artifacts + resumable state) and the cursor-based prompt sampler
 - metrics.py      StepMetrics, orchestration overhead, console + wandb
 - run.py          `run_rl(...)`: the entry point the Flyte Ray task calls
-- fakes.py        in-process groups over a tiny real model, for tests and for reading the controller
 
 Nothing is imported here, so `import posttrain.rl.types` stays light (no Ray, no transformers).
 """

@@ -19,8 +19,8 @@
 `Controller.step()` returns a frozen `StepMetrics`; `Controller.run(steps)` calls `start()` (resume + first
 weight sync) and loops, checkpointing every
 `rl.checkpoint_every` steps and after the last, and resumes from the checkpointer's newest state first.
-The same class runs in-process (tests drive it with `posttrain.rl.fakes`) or inside ONE Ray actor that
-holds the real groups (`posttrain.rl.run`). Fan-out is the groups' business: every call below goes to a
+The same class runs in-process (tests drive it with the in-process groups of tests/rl_fakes.py) or inside
+ONE Ray actor that holds the real groups (`posttrain.rl.run`). Fan-out is the groups' business: every call below goes to a
 whole group, which shards, calls its workers and merges.
 
 A step stops with `RewardFailureError` (naming the function, the failure count, the step and one reason)

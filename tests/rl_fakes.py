@@ -177,7 +177,7 @@ class FakeRewardGroup:
                 scores.append(0.0)
                 failures.append(f"{type(e).__name__}: {e}")
         return Rewards(policy_version=trajectories.policy_version, scores=scores, failures=failures,
-                       scorer="posttrain.rl.fakes:FakeRewardGroup", compute_s=0.0)
+                       scorer="tests.rl_fakes:FakeRewardGroup", compute_s=0.0)
 
 
 def local_reward_group(reward_cfg: RewardConfig, workers: int = 1) -> RewardGroup:
