@@ -28,35 +28,48 @@ from posttrain.models.smollm2 import default_dir as smollm2_default_dir
 
 
 def tiny_cpu() -> PipelineConfig:
-    """The embedded default: a ~0.56M-parameter Llama trained from scratch on 3-digit addition, on a 2-core
-    CPU in minutes. The SFT budget deliberately stops just past the sharp rise in accuracy (measured: 400 steps
-    0.21, 450 steps 0.72, 525 steps 0.79 greedy), where many problems are solved by some samples but not by
-    the greedy answer (pass@4 0.84), so the verifiable reward has something to teach. From 525 steps
-    (pass@4 0.81, barely above greedy) the same RL raised sampled accuracy by +0.044 and greedy not at all."""
+    """The embedded default: a ~0.56M-parameter Llama trained from scratch on 2-digit addition, then RL with the
+    exact-answer verifier, on a 2-core CPU in minutes.
+
+    Why RL has something to teach, for a reason that does not move with the CPU: the demonstrations come from
+    a "sloppy teacher" (`data.demo_error_rate` 0.6) who drops the carry out of the top digit in 60% of them
+    ("67+58=" -> "025" instead of "125"; the reference answer stays right). About half of all problems have
+    that carry, so SFT, trained to its plateau, imitates the teacher: the greedy answer to those problems is
+    wrong and about 40% of samples are right - greedy accuracy ~0.45-0.5, sampled ~0.65 - and RL with the
+    verifier corrects it. The SFT budget (2,000 steps x 128) sits on that plateau, well past the rise in
+    accuracy (measured, 1 rank at constant lr: 400 steps 0.21 greedy, 1,000 steps 0.69 - still rising with
+    the carry half not yet imitated -, 1,500 steps 0.47, 2,200 steps 0.43), so a slightly different float
+    rounding moves neither the SFT model's accuracy much nor the gain. The chat layout (newline after the role,
+    end-of-turn token and newline between turns; models/tokenizer.py) matters as much: with the earlier
+    `<|user|>Q<|assistant|>A<|end|>` layout the same training sat at ~0.02 greedy for three init seeds.
+    Measured over seeds (bench/default_seeds.py; see the README): RL raises greedy and sampled accuracy on the
+    500 held-out problems by far more than 0.08 for every seed."""
     return PipelineConfig(
         name="tiny_cpu",
-        data=DataConfig(task="addition", num_examples=20000, num_digits=3, eval_size=500, seed=0),
+        data=DataConfig(task="addition", num_examples=20000, num_digits=2, eval_size=500, seed=0,
+                        demo_error_rate=0.6),
         model=ModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4, intermediate_size=512,
                           max_seq_len=32),
-        sft=SFTConfig(steps=450, global_batch_size=256, micro_batch_size=128, lr=3e-3, warmup_steps=20,
-                      nproc=2, save_every=100),
+        sft=SFTConfig(steps=2000, global_batch_size=128, micro_batch_size=64, lr=3e-3, warmup_steps=20,
+                      nproc=2, save_every=500),
         eval=EvalConfig(num_problems=500, k=4, temperature=1.0, max_new_tokens=8),
-        rl=RLConfig(steps=160, prompts_per_step=128, samples_per_prompt=8, max_new_tokens=8, lr=5e-5,
-                    warmup_steps=10, inner_epochs=1, checkpoint_every=40),
+        rl=RLConfig(steps=100, prompts_per_step=128, samples_per_prompt=8, max_new_tokens=8, lr=5e-5,
+                    warmup_steps=10, inner_epochs=1, checkpoint_every=50),
         placement=PlacementConfig(policy_workers=2, rollout_workers=1),
     )
 
 
 def tiny_cpu_long() -> PipelineConfig:
-    """tiny_cpu with a longer SFT budget: the model gets (nearly) all of the addition task right."""
+    """tiny_cpu with correct demonstrations (`data.demo_error_rate` 0): SFT alone gets (nearly) all of the
+    addition task right, and RL has little left to do."""
     base = tiny_cpu()
-    return replace(base, name="tiny_cpu_long", sft=replace(base.sft, steps=1000))
+    return replace(base, name="tiny_cpu_long", data=replace(base.data, demo_error_rate=0.0))
 
 
 def tiny_chain() -> PipelineConfig:
     """tiny_cpu on the multi-step chained-arithmetic task (intermediate results, answer after ####)."""
     base = tiny_cpu()
-    return replace(base, name="tiny_chain", data=replace(base.data, task="chain", chain_steps=3),
+    return replace(base, name="tiny_chain", data=replace(base.data, task="chain", chain_steps=3, demo_error_rate=0.0),
                    model=replace(base.model, max_seq_len=48),
                    eval=replace(base.eval, max_new_tokens=24), rl=replace(base.rl, max_new_tokens=24))
 
@@ -68,7 +81,7 @@ def gpu_single() -> PipelineConfig:
         base,
         name="gpu_single",
         model=replace(base.model, dtype=DType.BF16),
-        sft=replace(base.sft, nproc=1, micro_batch_size=256),
+        sft=replace(base.sft, nproc=1, micro_batch_size=128),
         placement=replace(base.placement, policy_workers=1, gpus_per_worker=0.25),
     )
 
@@ -93,7 +106,7 @@ def small_instruct_cpu() -> PipelineConfig:
       weight by about lr per step, so large rates overwrite what it knows (full fine-tuning of models this
       size commonly uses 1e-5 to 5e-5). Warm-up lets Adam's moment estimates settle before full-size steps.
     - sft batches: global 16, micro 4 per rank on 2 ranks (2 accumulation steps), 60 steps = 960 examples
-      (tiny: 256 x 450). A 135M model costs ~240x the compute per token of the tiny one; a pretrained
+      (tiny: 128 x 2,000). A 135M model costs ~240x the compute per token of the tiny one; a pretrained
       model needs a few hundred demonstrations to pick up a format, not many thousands to learn a language.
     - rl.lr 1e-6 with 3 warm-up steps (tiny: 5e-5): the policy already writes fluent text; GRPO only shifts
       probability between its own samples, and at larger rates a few noisy steps of 32 samples can undo what

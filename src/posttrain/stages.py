@@ -73,7 +73,8 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
         ds_ref = store.put("dataset", name, ds_dir, run_id=run_id, parents=[], config=to_dict(cfg),
                            metrics={"num_train": info.num_train, "num_eval": info.num_eval,
                                     "num_duplicates": info.num_duplicates,
-                                    "num_eval_in_train": info.num_eval_in_train},
+                                    "num_eval_in_train": info.num_eval_in_train,
+                                    "num_train_dropped_for_eval": info.num_train_dropped_for_eval},
                            extra={"require_completions": require_completions})
         store.cache_put(key + "-dataset", ds_ref)
         if cfg.tokenizer.train:
@@ -82,8 +83,10 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
             tok_ref = store.put("tokenizer", f"{name}-bpe{cfg.tokenizer.vocab_size}", tok_dir, run_id=run_id,
                                 parents=[ds_ref.id], config=to_dict(cfg.tokenizer))
             store.cache_put(key + "-tokenizer", tok_ref)
-    print(f"data_prep: dataset {ds_ref.short} ({info.num_train} train / {info.num_eval} eval, "
-          f"{info.num_eval_in_train} eval rows also in train)" + (f", tokenizer {tok_ref.short}" if tok_ref else ""))
+    overlap = (f"{info.num_eval_in_train} eval rows also in train" if info.eval_from_files else
+               f"held out by prompt: {info.num_train_dropped_for_eval} rows with an eval prompt left out of train")
+    print(f"data_prep: dataset {ds_ref.short} ({info.num_train} train / {info.num_eval} eval, {overlap})"
+          + (f", tokenizer {tok_ref.short}" if tok_ref else ""))
     return DataOutputs(dataset=ds_ref, tokenizer=tok_ref)
 
 

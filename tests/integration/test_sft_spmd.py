@@ -90,14 +90,15 @@ def test_prompt_tokens_contribute_nothing_to_the_loss(small_data):
     model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=2, intermediate_size=64), tok)
     msgs = [{"role": "user", "content": "12+34="}, {"role": "assistant", "content": "046"}]
     ids, mask = tokenize_for_training(tok, msgs, 32)
-    assert sum(mask) == 4 and tok.decode([i for i, m in zip(ids, mask) if m]) == "046<|end|>"
+    # the assistant turn as the template renders it: answer, end-of-turn token and the newline after it
+    assert sum(mask) == 5 and tok.decode([i for i, m in zip(ids, mask) if m]) == "046<|end|>\n"
     b = collate([(ids, mask)], pack=False, pack_length=32, pad_id=tok.pad_token_id)
-    assert (b.labels != IGNORE).sum() == 4
+    assert (b.labels != IGNORE).sum() == 5
     other = tokenize_for_training(tok, [{"role": "user", "content": "99+99="}, msgs[1]], 32)
     b2 = collate([other], pack=False, pack_length=32, pad_id=tok.pad_token_id)
     loss = token_losses(model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids).logits,
                         b.labels)
-    assert torch.count_nonzero(loss) == 4  # only the 4 assistant targets carry loss
+    assert torch.count_nonzero(loss) == 5  # only the 5 assistant targets carry loss
     grads = []
     for batch in (b, b2):  # the gradient w.r.t. the prompt embeddings' loss terms: prompt targets have none
         model.zero_grad()

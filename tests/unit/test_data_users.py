@@ -271,7 +271,7 @@ def test_chats_without_an_assistant_reply_are_refused_when_sft_trains(tmp_path):
                    f"  {src}:line 2: field 'messages': the chat ends with a 'user' turn; {SFT_HINT}\n"
                    f"  {src}:line 3: field 'messages': the chat has no assistant turn; {SFT_HINT}"), msg
     info = prepare_dataset(cfg, tmp_path / "rl", require_completions=False)  # RL/eval-only: fine
-    assert info.num_train + info.num_eval == 4
+    assert info.num_train + info.num_eval + info.num_train_dropped_for_eval == 4
     # held-out eval files are never trained on, so their prompts need no reply
     held = _jsonl(tmp_path / "held.jsonl", [{"messages": [u]}])
     ok = _cfg([_jsonl(tmp_path / "t.jsonl", [rows[0], rows[3]])], schema=DataSchema.MESSAGES,

@@ -13,6 +13,25 @@ from posttrain.data.examples import read_examples
 from posttrain.data.prepare import prepare_dataset, source_fingerprint
 from posttrain.data.validation import DataValidationError
 
+def test_held_out_prompts_never_occur_in_train_with_another_completion(tmp_path):
+    """Several completions per prompt (or the sloppy teacher's right and wrong demonstration of one problem):
+    the split holds out prompts, so an eval problem is never trained on, whatever its completion."""
+    rows = [{"prompt": f"q{i}", "completion": f"a{i}-{v}"} for i in range(10) for v in range(3)]
+    info = prepare_dataset(_cfg([_write(tmp_path / "m.jsonl", "jsonl", rows)], eval_size=3), tmp_path / "out")
+    train = read_examples(tmp_path / "out", "train")
+    ev = read_examples(tmp_path / "out", "eval")
+    assert len(ev) == 3 and len({e["messages"][0]["content"] for e in ev}) == 3  # 3 distinct problems
+    assert not {e["messages"][0]["content"] for e in ev} & {e["messages"][0]["content"] for e in train}
+    assert (info.num_train, info.num_train_dropped_for_eval, info.num_eval_in_train) == (21, 6, 0)
+    synth = prepare_dataset(DataConfig(num_examples=3000, eval_size=200, num_digits=2, demo_error_rate=0.6),
+                            tmp_path / "syn")
+    assert synth.num_train_dropped_for_eval > 0  # right and wrong demonstrations of one problem: both dropped
+    ev_prompts = {e["messages"][0]["content"] for e in read_examples(tmp_path / "syn", "eval")}
+    assert not ev_prompts & {e["messages"][0]["content"] for e in read_examples(tmp_path / "syn", "train")}
+    with pytest.raises(DataValidationError, match="only 10 distinct prompts exist"):
+        prepare_dataset(_cfg([tmp_path / "m.jsonl"], eval_size=10), tmp_path / "none-left")
+
+
 ROWS = [{"prompt": f"q{i} ünïcødé 🙂", "completion": f"a{i}", "answer": f"{i}", "extra": i} for i in range(12)]
 
 
@@ -148,7 +167,7 @@ def test_deterministic_split_dedupe_and_fingerprint(tmp_path):
     prepare_dataset(cfg, tmp_path / "b")
     for f in ("train.jsonl", "eval.jsonl", "info.json"):
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
-    assert a.num_duplicates > 0 and a.num_train + a.num_eval + a.num_duplicates == 3000
+    assert a.num_duplicates > 0 and a.num_train + a.num_eval + a.num_duplicates + a.num_train_dropped_for_eval == 3000
     prepare_dataset(DataConfig(num_examples=3000, eval_size=200, num_digits=2, seed=1), tmp_path / "c")
     assert (tmp_path / "a" / "eval.jsonl").read_bytes() != (tmp_path / "c" / "eval.jsonl").read_bytes()
     ev = {json.dumps(e["messages"]) for e in read_examples(tmp_path / "a", "eval")}
@@ -193,6 +212,7 @@ def test_tokenizer_is_deterministic_splits_digits_and_has_the_chat_template(tmp_
     for text in ["347+086=0433", "héllo wörld 世界 🙂"]:
         assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
     msgs = [{"role": "user", "content": "347+086="}, {"role": "assistant", "content": "0433"}]
-    assert tok.apply_chat_template(msgs, tokenize=False) == "<|user|>347+086=<|assistant|>0433<|end|>"
-    assert tok.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True) == "<|user|>347+086=<|assistant|>"
+    assert tok.apply_chat_template(msgs, tokenize=False) == "<|user|>\n347+086=<|end|>\n<|assistant|>\n0433<|end|>\n"
+    assert (tok.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True)
+            == "<|user|>\n347+086=<|end|>\n<|assistant|>\n")
     assert tok.eos_token == "<|end|>" and tok.pad_token == "<|pad|>"

@@ -41,7 +41,11 @@ class DatasetInfo:
     num_duplicates: int
     """Train rows dropped as exact duplicates (same turns and answer) of an earlier row."""
     num_eval_in_train: int
-    """Eval rows whose prompt turns also occur in the train split (a held-out score is then optimistic)."""
+    """Eval rows whose prompt turns also occur in the train split (a held-out score is then optimistic). Always
+    0 when the eval split is held out of the data: see `num_train_dropped_for_eval`."""
+    num_train_dropped_for_eval: int
+    """Held-out split only: rows left out of train because their prompt turns are an eval problem's (the same
+    question with another completion)."""
     eval_from_files: bool
     """True when the eval split is `data.eval_files` as given, False when it was held out of `data.files`."""
     require_completions: bool
@@ -121,6 +125,29 @@ def _dedupe(examples: list[dict]) -> list[dict]:
     return unique
 
 
+def _hold_out(examples: list[dict], order: list[int], eval_size: int, where: str
+              ) -> tuple[list[dict], list[dict], int]:
+    """(eval, train, rows dropped from train): `eval_size` distinct prompts are held out - the first row of
+    each, in shuffled order - and no row with one of those prompts stays in train, so a held-out problem was
+    never seen in training, not even with another completion (a dataset with several completions per
+    prompt, or the built-in task's occasional repeats, would otherwise leak)."""
+    key = [dumps(prompt_messages(ex)) for ex in examples]
+    held, eval_idx = set(), []
+    for i in order:
+        if len(eval_idx) == eval_size:
+            break
+        if key[i] not in held:
+            held.add(key[i])
+            eval_idx.append(i)
+    train_idx = [i for i in order if key[i] not in held]
+    if len(eval_idx) < eval_size or not train_idx:
+        raise DataValidationError([(f"data.eval_size: {eval_size} eval problems requested but only {len(held)} "
+                                    f"distinct prompts exist ({where}), and train needs some of its own; lower "
+                                    "data.eval_size")])
+    return ([examples[i] for i in sorted(eval_idx)], [examples[i] for i in train_idx],
+            len(examples) - len(eval_idx) - len(train_idx))
+
+
 def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions: bool = True) -> DatasetInfo:
     """Validate, de-duplicate and split the data into `out_dir`; nothing is written when anything is wrong.
 
@@ -139,6 +166,7 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
         raise DataValidationError([f"{where}: nothing left after filtering and de-duplication"])
     order = list(range(len(examples)))
     random.Random(f"split-{cfg.seed}").shuffle(order)
+    dropped_for_eval = 0
     if held is not None:
         if not held:
             raise DataValidationError([f"data.eval_files: no rows in {', '.join(cfg.eval_files)}"])
@@ -147,8 +175,7 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
         if len(examples) <= cfg.eval_size:
             raise DataValidationError([(f"data.eval_size: {cfg.eval_size} eval examples requested but only "
                                         f"{len(examples)} unique examples exist ({where}); lower data.eval_size")])
-        eval_ex = [examples[i] for i in sorted(order[: cfg.eval_size])]
-        train_ex = [examples[i] for i in order[cfg.eval_size:]]
+        eval_ex, train_ex, dropped_for_eval = _hold_out(examples, order, cfg.eval_size, where)
     train_prompts = {dumps(prompt_messages(ex)) for ex in train_ex}
     in_train = sum(dumps(prompt_messages(ex)) in train_prompts for ex in eval_ex)
     if held is not None or in_train:
@@ -159,6 +186,7 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
     columns = sorted({c for ex in train_ex + eval_ex for c in ex["columns"]})
     info = DatasetInfo(task=cfg.task or None, schema=cfg.schema.value, num_train=len(train_ex),
                        num_eval=len(eval_ex), num_duplicates=n_before - len(examples), num_eval_in_train=in_train,
+                       num_train_dropped_for_eval=dropped_for_eval,
                        eval_from_files=held is not None, require_completions=require_completions,
                        columns=columns, sources=sources)
 

