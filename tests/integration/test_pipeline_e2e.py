@@ -51,11 +51,13 @@ def test_full_pipeline_and_lineage(tmp_path, monkeypatch):
 
 
 def test_default_recipe_rl_raises_greedy_and_sampled_accuracy(tmp_path):
-    """The acceptance run of issue 8: `make run`'s job (the embedded tiny_cpu default, no overrides) through
-    `pyflyte run` in a fresh store. RL must raise both greedy and sampled accuracy on the 500 held-out problems
-    over the SFT checkpoint it started from. The run is deterministic for its seeds; the issue's bar is +0.05
-    on both (measured on the development machine: see the README), asserted here with room for float
-    differences between CPUs."""
+    """The acceptance run: `make run`'s job (the embedded tiny_cpu default, no overrides) through `pyflyte run`
+    in a fresh store. SFT imitates a sloppy teacher to a plateau (greedy ~0.45: wrong on carry problems), and
+    RL with the verifier must correct it, raising greedy AND sampled accuracy on the 500 held-out problems.
+    Measured over seeds 0-2 with bench/default_seeds.py (README): SFT greedy 0.418-0.450, RL change +0.534 or
+    more greedy and +0.217 or more sampled on every seed (std 0.024 / 0.031); the bars below are the issue's
+    (+0.08), far inside that spread, and the plateau band is wide enough for another CPU's rounding but fails
+    if SFT learned nothing or everything."""
     env = {**os.environ, "POSTTRAIN_HOME": str(tmp_path / "home"), "WANDB_MODE": "disabled"}
     out = subprocess.run([str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", "pipeline"],
                          capture_output=True, text=True, timeout=1500, env=env, check=False,
@@ -63,5 +65,6 @@ def test_default_recipe_rl_raises_greedy_and_sampled_accuracy(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     acc = {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", out.stdout)}
     print(acc)
-    assert acc["rl_greedy_accuracy"] >= acc["sft_greedy_accuracy"] + 0.03, acc
-    assert acc["rl_sampled_accuracy"] >= acc["sft_sampled_accuracy"] + 0.05, acc
+    assert 0.30 <= acc["sft_greedy_accuracy"] <= 0.65, acc  # on the sloppy teacher's plateau
+    assert acc["rl_greedy_accuracy"] >= acc["sft_greedy_accuracy"] + 0.08, acc
+    assert acc["rl_sampled_accuracy"] >= acc["sft_sampled_accuracy"] + 0.08, acc
