@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import socket
 from pathlib import Path
@@ -213,35 +214,38 @@ class FakePolicyGroup:
     def identities(self) -> list[WorkerId]:
         return [_ident("policy")]
 
-    @torch.no_grad()
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
-        vals = [self.model.response_logprobs(p, r, temperature).tolist()
-                for p, r in zip(trajectories.prompt_ids, trajectories.response_ids)]
-        return LogProbs(policy_version=self.version, values=vals, compute_s=0.0)
-
-    def update(self, batch: TrainBatch) -> UpdateStats:
+    def update(self, batch: TrainBatch, *, drift_threshold: float = math.inf) -> UpdateStats:
         if batch.policy_version != self.version:
             raise RuntimeError(f"policy holds version {self.version}, batch was made for {batch.policy_version}")
         c, T = self.cfg, self.cfg.temperature
         old, mask = _pad(batch.old_logprobs), _pad([[1.0] * len(r) for r in batch.response_ids])  # (B, R)
         ref = _pad(batch.ref_logprobs) if batch.ref_logprobs is not None else None
         adv = torch.tensor(batch.advantages)  # (B,)
-        for _ in range(c.inner_epochs):
+        drift = math.nan
+        for epoch in range(c.inner_epochs):
             logp = _pad([self.model.response_logprobs(p, r, T) for p, r in zip(batch.prompt_ids, batch.response_ids)])
+            if epoch == 0:  # like the real policy: the first forward at the batch's version measures drift
+                drift = float(((logp.detach() - old).abs() * mask).sum() / mask.sum())
+                if not drift <= drift_threshold:
+                    return self._stats(0.0, None, math.nan, drift, applied=False, stopped=f"drift {drift:.4g}")
             loss, st = policy_loss(logp, old, adv, mask, clip_low=c.clip_low, clip_high=c.clip_high,
                                    loss_agg=c.loss_agg, ref_logp=ref, kl_coef=c.kl_coef, kl_estimator=c.kl_estimator)
             self.opt.zero_grad()
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm or 1e9)
             self.opt.step()
-        with torch.no_grad():
-            probs = torch.softmax(self.model.table / T, -1)
-            entropy = float(-(probs * probs.log()).sum(-1).mean())
         self.version += 1
-        return UpdateStats(policy_version=self.version, loss=float(loss.detach()), pg_loss=st.pg_loss,
-                           kl=st.kl, entropy=entropy, clip_fraction=st.clip_fraction,
-                           grad_norm=float(grad_norm), weights_checksum=weights_checksum(self.model.state_dict()),
-                           compute_s=0.0)
+        return self._stats(float(loss.detach()), st, float(grad_norm), drift)
+
+    def _stats(self, loss: float, st, grad_norm: float, drift: float, *, applied: bool = True,
+               stopped: str = "") -> UpdateStats:
+        with torch.no_grad():
+            probs = torch.softmax(self.model.table / self.cfg.temperature, -1)
+            entropy = float(-(probs * probs.log()).sum(-1).mean())
+        return UpdateStats(policy_version=self.version, loss=loss, pg_loss=st.pg_loss if st else 0.0,
+                           kl=st.kl if st else 0.0, entropy=entropy, clip_fraction=st.clip_fraction if st else 0.0,
+                           grad_norm=grad_norm, weights_checksum=weights_checksum(self.model.state_dict()),
+                           drift=drift, applied=applied, stopped=stopped, compute_s=0.0)
 
     def weights(self) -> WeightsHandle:
         w = _clone(self.model)

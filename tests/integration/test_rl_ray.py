@@ -127,7 +127,7 @@ def test_controller_with_real_ray_actors(ray_local, tiny_sft_model, tmp_path):
                                    PlacementConfig(policy_workers=2, rollout_workers=1, reward_workers=1))
     assert res.steps == 2 and [m.policy_version for m in res.history] == [1, 2]
     m = res.last_metrics
-    assert set(m.compute_s) == {"rollout", "drift", "reward", "reference", "update"} and m.kl >= 0
+    assert set(m.compute_s) == {"rollout", "reward", "reference", "update"} and m.kl >= 0
     assert m.drift < SMALL.drift_threshold and 0 < m.orchestration_overhead < 1 and m.generated_tokens > 0
     manifest = store.manifest(res.model)
     assert manifest.kind == "model" and manifest.parents == [model.id, data.id]
@@ -141,9 +141,11 @@ class StaleRolloutWorker(RolloutWorker):
     """Acknowledges each new version but keeps the weights of the previous sync (a dropped transfer)."""
 
     def load_weights(self, state, version: int) -> WeightReport:
-        previous, self._previous = getattr(self, "_previous", None), state
-        self.engine.load_weights(previous if previous is not None else state)
-        self.version = version
+        held = {k: v.clone() for k, v in self.engine.model.state_dict().items()}
+        super().load_weights(state, version)  # reads the transfer (shared file or object store) as usual
+        if getattr(self, "_synced", False):
+            self.engine.load_weights(held)  # ... then puts the previous sync's weights back
+        self._synced = True
         return WeightReport(worker=self.id, version=version, checksum=self.engine.checksum())
 
 

@@ -52,8 +52,8 @@ def test_full_step_types_versions_and_metrics():
     m1, m2 = c.step(), c.step()
     assert isinstance(m1, StepMetrics) and (m1.step, m1.policy_version, m2.policy_version) == (1, 1, 2)
     assert c.groups.rollout.version == 2 and c.groups.policy.version == 2
-    assert set(m1.phase_s) == {"rollout", "drift", "reward", "reference", "advantages", "update", "sync"}
-    assert set(m1.compute_s) == {"rollout", "drift", "reward", "reference", "update"}
+    assert set(m1.phase_s) == {"rollout", "reward", "reference", "advantages", "update", "sync"}
+    assert set(m1.compute_s) == {"rollout", "reward", "reference", "update"}  # drift: the update's own forward
     assert 0.0 <= m1.accuracy <= 1.0 and m1.reward_failures == 0 and m1.drift < 1e-5
     assert m1.generated_tokens > 0 and m1.response_len_mean > 0 and m1.kl >= 0.0
     assert 0.0 <= m1.orchestration_overhead <= 1.0  # fakes report 0 worker seconds: all controller time
@@ -91,6 +91,24 @@ def test_drift_is_caught_and_names_version():
     c.start()  # checksums agree: the rollout holds the right weights
     with pytest.raises(WeightDriftError, match=r"policy version 0.*rollout\[0/1\]"):
         c.step()
+
+
+class NaNRewardGroup(FakeRewardGroup):
+    """A reward group that lets a NaN through for odd prompt tokens."""
+
+    def _score_one(self, prompt, response, answer):
+        return float("nan") if prompt[-1] % 2 else super()._score_one(prompt, response, answer)
+
+
+def test_a_non_finite_advantage_stops_the_step_before_the_update_and_any_checkpoint(tmp_path):
+    from posttrain.rl.controller import NonFiniteError
+
+    c = controller(reward=NaNRewardGroup())
+    c.start()
+    policy_version = c.groups.policy.version
+    with pytest.raises(NonFiniteError, match=r"step 1: advantages hold nan .* stopped before the policy update"):
+        c.step()
+    assert c.groups.policy.version == policy_version and not c.history  # the poisoned step made no update
 
 
 def test_reward_failures_are_counted():

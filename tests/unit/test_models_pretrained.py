@@ -283,6 +283,33 @@ def test_gradient_checkpointing_same_policy_update(folders, world_of_one):
     assert max(float((wa[k] - wc[k]).abs().max()) for k in wa) < 1e-5
 
 
+def test_policy_update_gates_stop_before_the_optimizer_step(folders, world_of_one):
+    """Drift above rl.drift_threshold (measured by the update's own first forward) and a non-finite gradient
+    norm stop the update before its optimizer step: weights and version unchanged, the reason returned."""
+    import math
+    from dataclasses import replace
+
+    from posttrain.rl.roles.policy import PolicyWorker
+
+    rl = RLConfig(temperature=1.0, lr=1e-3)
+    b = _policy_batch(folders, rl)
+    w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
+    w.setup_process_group("127.0.0.1", 0, 60)
+    before, n = w.checksum(), sum(len(r) for r in b.response_ids)
+
+    def update(batch):
+        return w.update(batch, global_tokens=n, global_seqs=6, n_micro=2, drift_threshold=0.05)
+
+    res = update(replace(b, old_logprobs=[[x - 1.0 for x in row] for row in b.old_logprobs]))  # a stale rollout
+    assert not res["applied"] and abs(res["drift"] - 1.0) < 1e-3 and "rl.drift_threshold" in res["stopped"]
+    assert w.checksum() == before and w.version == 0
+    res = update(replace(b, advantages=[math.nan] + b.advantages[1:]))  # a poisoned advantage
+    assert not res["applied"] and "gradient norm is nan" in res["stopped"], res["stopped"]
+    assert w.checksum() == before and w.version == 0
+    res = update(b)  # the same batch, unpoisoned: the drift check passes and the step is taken
+    assert res["applied"] and res["drift"] < 1e-4 and w.version == 1 and w.checksum() != before
+
+
 @pytest.mark.parametrize("parallelism", [Parallelism.DDP, Parallelism.FSDP2])
 def test_gradient_checkpointing_same_sft_loss_and_gradients(folders, world_of_one, parallelism):
     from posttrain.sft.trainer import train_step, wrap

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -9,8 +11,7 @@ from posttrain.rl.types import WeightReport, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import (
     StaleWeightsError,
     WeightDriftError,
-    check_drift,
-    mean_abs_drift,
+    drift_gate,
     verify_reports,
     weights_checksum,
 )
@@ -50,12 +51,9 @@ def test_verify_reports_names_the_stale_worker():
         verify_reports(handle, [good], [_id(0), _id(1)])
 
 
-def test_drift_check():
-    rollout = [[-0.1, -0.2], [-1.0]]
-    assert mean_abs_drift(rollout, [[-0.1, -0.2], [-1.0]]) == 0.0
-    assert mean_abs_drift(rollout, [[-0.2, -0.2], [-0.7]]) == pytest.approx(0.4 / 3)
-    assert check_drift(rollout, [[-0.1, -0.21], [-1.0]], version=3, threshold=0.05, rollout_workers=[_id(0)]) < 0.05
+def test_drift_gate_fails_above_the_threshold_and_on_nan():
+    assert drift_gate(0.01, version=3, threshold=0.05, rollout_workers=[_id(0)]) == 0.01
     with pytest.raises(WeightDriftError, match=r"policy version 3.*rollout\[0/2\]"):
-        check_drift(rollout, [[-0.5, -0.2], [-1.3]], version=3, threshold=0.05, rollout_workers=[_id(0)])
-    with pytest.raises(ValueError, match="row 1"):
-        mean_abs_drift(rollout, [[-0.1, -0.2], [-1.0, -2.0]])
+        drift_gate(0.06, version=3, threshold=0.05, rollout_workers=[_id(0)])
+    with pytest.raises(WeightDriftError, match=r"= nan > rl.drift_threshold"):  # NaN does not slip past `>`
+        drift_gate(math.nan, version=3, threshold=0.05, rollout_workers=[_id(0)])

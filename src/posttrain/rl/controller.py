@@ -2,15 +2,14 @@
 
     PromptSampler ──PromptBatch(v)──► rollout.generate (n per prompt) ──Trajectories(v)──┐
                                                                                         │
-        ┌─── policy.log_probs(same tokens) vs Trajectories.logprobs ──► drift check ◄───┤
-        │    (rollout and policy both hold v: checks the previous sync end to end)      │
-        │                                                                               ▼
-        │    reward.score ──Rewards──► grpo.group_advantages ──Advantages──┐    reference.log_probs
+        ┌─── reward.score ──Rewards──► grpo.group_advantages ──Advantages──┐    reference.log_probs
         │                                                                  │    (only if kl_coef > 0)
         │                                                                  ▼            │
         │              TrainBatch(v) = tokens + rollout logprobs + advantages + ref ◄───┘
         │                                     │
         │                              policy.update (SPMD, every rank) ──UpdateStats(v+1)
+        │                                first forward at v: drift vs rollout logprobs (checks the
+        │                                previous sync end to end); gates before the optimizer step
         │                                     │
         └──── rollout.load_weights ◄── policy.weights() = WeightsHandle(v+1, checksum)
               └─► WeightReport per rollout worker: version AND checksum must equal the handle's,
@@ -25,7 +24,10 @@ whole group, which shards, calls its workers and merges.
 
 A step stops with `RewardFailureError` (naming the function, the failure count, the step and one reason)
 when more than `rl.max_reward_failure_rate` of its reward calls failed - before the update, so no weights
-are trained on a broken reward.
+are trained on a broken reward. It stops with `NonFiniteError` (naming the step, the stage and the tensor)
+on a non-finite rollout log-prob or advantage (before the update) or gradient norm (the update stops before
+its optimizer step), and with `WeightDriftError` when the update measured drift above `rl.drift_threshold`
+or NaN (also before its optimizer step); either way no checkpoint holds the poisoned step.
 
 Leaves out: asynchronous / off-policy rollouts (generation waits for the sync), a critic (PPO), and
 dynamic batch filtering (groups whose rewards are all equal simply get zero advantage).
@@ -33,6 +35,7 @@ dynamic batch filtering (groups whose rewards are all equal simply get zero adva
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -55,7 +58,7 @@ from posttrain.rl.types import (
     RolloutGroup,
     TrainBatch,
 )
-from posttrain.rl.weight_sync import check_drift, verify_reports
+from posttrain.rl.weight_sync import drift_gate, verify_reports
 
 
 @dataclass(frozen=True)
@@ -103,12 +106,7 @@ class Controller:
                                       top_p=cfg.top_p, top_k=cfg.top_k)
         _expect_version("rollout", traj.policy_version, v)
 
-        # NOTE: before the update both sides hold version v, so this compares the rollout engine with the
-        # policy on identical weights - it checks the previous step's weight sync end to end.
-        with _timed(phase, "drift"):
-            policy_lp = g.policy.log_probs(traj, temperature=cfg.temperature)
-            drift = check_drift(traj.logprobs, policy_lp.values, version=v, threshold=cfg.drift_threshold,
-                                rollout_workers=g.rollout.identities())
+        _check_finite("rollout log-probs", [x for row in traj.logprobs for x in row], step=self.step_count + 1)
 
         with _timed(phase, "reward"):
             rewards = g.reward.score(traj)
@@ -123,20 +121,28 @@ class Controller:
             adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,
                                    std_normalize=cfg.std_normalize)
             advantages = Advantages(policy_version=v, values=adv.tolist())
+        _check_finite("advantages", advantages.values, step=self.step_count + 1)
 
         with _timed(phase, "update"):
             batch = TrainBatch(policy_version=v, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                                old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None,
                                advantages=advantages.values)
-            stats = g.policy.update(batch)  # SPMD: every policy rank runs the same update on its shard
+            # SPMD: every policy rank runs the same update on its shard. Before the update both sides hold
+            # version v, so its first forward compares the rollout engine with the policy on identical
+            # weights - the drift check of the previous step's weight sync, end to end.
+            stats = g.policy.update(batch, drift_threshold=cfg.drift_threshold)
+        drift_gate(stats.drift, version=v, threshold=cfg.drift_threshold, rollout_workers=g.rollout.identities())
+        if not stats.applied:
+            raise NonFiniteError(f"step {self.step_count + 1}: stage policy.update stopped before the optimizer "
+                                 f"step: {stats.stopped}; weights stay at version {v}, no checkpoint written")
         _expect_version("policy update", stats.policy_version, v + 1)
 
         with _timed(phase, "sync"):
             self._push_weights(stats.policy_version, checksum=stats.weights_checksum)
 
         self.version, self.step_count = stats.policy_version, self.step_count + 1
-        m = step_metrics(step=self.step_count, traj=traj, drift_logprobs=policy_lp, drift=drift, rewards=rewards,
-                         ref=ref, stats=stats, phase_s=phase, step_s=time.perf_counter() - t_step)
+        m = step_metrics(step=self.step_count, traj=traj, rewards=rewards, ref=ref, stats=stats, phase_s=phase,
+                         step_s=time.perf_counter() - t_step)
         self.history.append(m)
         return m
 
@@ -208,6 +214,17 @@ def _timed(phase_s: dict[str, float], name: str) -> Iterator[None]:
 
 class RewardFailureError(RuntimeError):
     """Too many reward calls of one step failed: the rewards would be mostly zeros, so training stops."""
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or infinity in a step's numbers: the step stopped before the optimizer step and any checkpoint."""
+
+
+def _check_finite(what: str, values: list[float], *, step: int) -> None:
+    bad = next((i for i, x in enumerate(values) if not math.isfinite(x)), None)
+    if bad is not None:
+        raise NonFiniteError(f"step {step}: {what} hold {values[bad]} (value {bad} of {len(values)}); stopped "
+                             "before the policy update, no checkpoint written")
 
 
 def _check_reward_failures(rewards: Rewards, *, step: int, max_rate: float) -> None:

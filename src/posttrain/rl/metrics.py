@@ -4,10 +4,10 @@
 measured. Orchestration overhead is the share of the step's wall time in which no role worker was
 computing, as timed by the workers themselves:
 
-    overhead = 1 - (rollout + drift + reward + reference + update compute seconds, worker-timed) / step wall time
+    overhead = 1 - (rollout + reward + reference + update compute seconds, worker-timed) / step wall time
 
 so serialisation, object transfer, Ray scheduling, weight sync and the controller's own work all count as
-overhead ("drift" is the policy group's forward over the rollout tokens for the drift check).
+overhead (the drift check costs nothing of its own: the update's first forward measures it).
 
 `RLTracker` prints a tqdm bar when stdout is a terminal, else one line every `tracking.log_every` steps (and
 the last) - and a line for every step with failed reward calls, whatever log_every says, naming the count
@@ -49,13 +49,12 @@ class StepMetrics:
     grad_norm: float
     response_len_mean: float
     drift: float
-    """Mean |rollout logprob - policy logprob| over this step's tokens before the update."""
+    """Mean |rollout logprob - policy logprob| over this step's tokens at the version that sampled them."""
     generated_tokens: int
     generated_tokens_per_s: float
     """Generated tokens / rollout phase wall time."""
     phase_s: dict[str, float]
-    """Wall seconds per phase as seen by the controller: rollout, drift, reward, reference, advantages,
-    update, sync."""
+    """Wall seconds per phase as seen by the controller: rollout, reward, reference, advantages, update, sync."""
     compute_s: dict[str, float]
     """Seconds each role computed, as timed inside its workers (max over a group's workers)."""
     step_s: float
@@ -75,11 +74,10 @@ def overhead(compute_s: dict[str, float], step_s: float) -> float:
     return 1.0 - sum(compute_s.values()) / step_s if step_s > 0 else 0.0
 
 
-def step_metrics(*, step: int, traj: Trajectories, drift_logprobs: LogProbs, drift: float, rewards: Rewards,
-                 ref: LogProbs | None, stats: UpdateStats, phase_s: dict[str, float], step_s: float) -> StepMetrics:
+def step_metrics(*, step: int, traj: Trajectories, rewards: Rewards, ref: LogProbs | None, stats: UpdateStats,
+                 phase_s: dict[str, float], step_s: float) -> StepMetrics:
     """The StepMetrics of one finished step, from its handoffs and the controller's phase timings."""
-    compute = {"rollout": traj.compute_s, "drift": drift_logprobs.compute_s, "reward": rewards.compute_s,
-               "update": stats.compute_s}
+    compute = {"rollout": traj.compute_s, "reward": rewards.compute_s, "update": stats.compute_s}
     if ref is not None:
         compute["reference"] = ref.compute_s
     scores = rewards.scores
@@ -92,7 +90,7 @@ def step_metrics(*, step: int, traj: Trajectories, drift_logprobs: LogProbs, dri
         reward_failures=sum(f is not None for f in rewards.failures), num_samples=len(scores),
         reward_failure_example=next((f for f in rewards.failures if f is not None), ""),
         kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction, loss=stats.loss,
-        grad_norm=stats.grad_norm, response_len_mean=n_tokens / len(traj.response_ids), drift=drift,
+        grad_norm=stats.grad_norm, response_len_mean=n_tokens / len(traj.response_ids), drift=stats.drift,
         generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase_s["rollout"], 1e-9),
         phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s))
 

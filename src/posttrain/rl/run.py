@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from posttrain.artifacts import ArtifactRef
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig, TrackingConfig, to_dict
 from posttrain.rl import placement as pl
+from posttrain.rl import weight_transfer
 from posttrain.rl.metrics import StepMetrics
 
 WAIT_CALLS_PER_STEP = 10
@@ -58,6 +59,9 @@ class RunSpec:
     parents: list[str]
     state_dir: str
     start_model_id: str
+    weights_folder: str = ""
+    """Shared-memory folder for policy -> rollout weight transfer on one node (posttrain.rl.weight_transfer);
+    "" or rollout workers on another node than policy rank 0: Ray's object store."""
 
 
 class ControllerActor:
@@ -78,7 +82,9 @@ class ControllerActor:
         cfg, t = spec.rl_cfg, spec.rl_cfg.remote_timeout_s
         ids = {role: gather([h.identity.remote() for h in hs], [f"{role}[{i}]" for i in range(len(hs))],
                             stage=f"{role}.start", timeout_s=t) for role, hs in handles.items()}
-        policy = PolicyGroup(handles["policy"], ids["policy"], t, cfg.micro_batch_size)
+        one_node = all(r.node == ids["policy"][0].node for r in ids["rollout"])
+        policy = PolicyGroup(handles["policy"], ids["policy"], t, cfg.micro_batch_size,
+                             shared_folder=spec.weights_folder if one_node else None)
         policy.setup()  # the SPMD ranks join one torch.distributed group
         groups = RoleGroups(
             rollout=RolloutGroup(handles["rollout"], ids["rollout"], t),
@@ -132,6 +138,7 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
     plan = pl.plan_placement(placement_cfg, with_reference=cfg.kl_coef > 0, available=available)
     print(f"rl: {plan.describe()}", flush=True)
     pgs, actors = {}, []
+    weights_folder = weight_transfer.folder_for(run_id)
     try:
         pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
         roles = plan.roles
@@ -146,7 +153,8 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
         actors = [h for hs in handles.values() for h in hs]
         spec = RunSpec(rl_cfg=cfg, reward_cfg=reward_cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg, max_seq_len=max_seq_len,
                        start_model_dir=model_dir, dataset_dir=str(dataset_dir), store_root=str(store_root),
-                       run_id=run_id, parents=list(parents), state_dir=str(state_dir), start_model_id=start_model_id)
+                       run_id=run_id, parents=list(parents), state_dir=str(state_dir), start_model_id=start_model_id,
+                       weights_folder=str(weights_folder))
         controller = pl.create_controller_actor(ControllerActor, spec, handles)
         actors.append(controller)
         t0 = time.perf_counter()
@@ -169,6 +177,7 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
             ray.kill(a, no_restart=True)
         if pgs:
             pl.remove_placement_groups(pgs)
+        weight_transfer.remove_folder(weights_folder)  # on this node; a pod's /dev/shm goes with the pod
         if started_ray:
             ray.shutdown()
     from posttrain.artifacts import ArtifactStore

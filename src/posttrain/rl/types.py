@@ -96,7 +96,7 @@ class LogProbs:
     """Version of the trajectories they were computed for."""
     values: list[list[float]]
     """(B, response_len_i) teacher-forced log-probs of the trajectories' tokens (temperature-scaled like the
-    rollout) under the frozen reference model, or under the current policy for the drift check."""
+    rollout) under the frozen reference model."""
     compute_s: float
 
 
@@ -133,7 +133,14 @@ class UpdateStats:
     grad_norm: float
     weights_checksum: str
     """Checksum of the updated weights (identical on every policy rank, checked by the group)."""
+    drift: float
+    """Mean |rollout logprob - policy logprob| over the batch's tokens at the batch's version, from the update's
+    own first forward (before any optimizer step)."""
     compute_s: float
+    applied: bool = True
+    """False: a gate stopped the update before its optimizer step (drift above rl.drift_threshold or NaN, or a
+    non-finite gradient norm; `stopped` says which): weights and version are unchanged."""
+    stopped: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +151,8 @@ class WeightsHandle:
     checksum: str
     """posttrain.rl.weight_sync.weights_checksum of the state dict."""
     payload: Any
-    """A ray.ObjectRef to a dict[str, Tensor] (real actors), or the dict itself (in-process groups)."""
+    """posttrain.rl.weight_transfer.SharedWeights (a file in shared memory on the rollout workers' node), a
+    ray.ObjectRef to a dict[str, Tensor] (rollout workers on other nodes), or the dict itself (in-process groups)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,11 +197,10 @@ class ReferenceGroup(Protocol):
 class PolicyGroup(Protocol):
     def identities(self) -> list[WorkerId]: ...
 
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
-        """Teacher-forced log-probs of the current policy for the same tokens (drift check)."""
+    def update(self, batch: TrainBatch, *, drift_threshold: float) -> UpdateStats:
+        """One update; it also measures the rollout/policy drift on the batch's tokens and stops before the
+        optimizer step (`applied` False) above `drift_threshold` or on a non-finite gradient norm."""
         ...
-
-    def update(self, batch: TrainBatch) -> UpdateStats: ...
 
     def weights(self) -> WeightsHandle: ...
 

@@ -9,8 +9,8 @@ the previous weights is named in the `StaleWeightsError`.
 The checksum alone cannot catch an engine that holds the right weights but samples from a different
 distribution (wrong temperature, lower precision, a broken KV cache). `check_drift` compares, token by
 token, the log-probs the rollout reported while sampling with the policy's teacher-forced log-probs of the
-same tokens under the same version; a mean |difference| above `rl.drift_threshold` raises
-`WeightDriftError`.
+same tokens under the same version (the policy update's own first forward measures it, posttrain.rl.roles.policy);
+a mean |difference| above `rl.drift_threshold`, or NaN, raises `WeightDriftError` (`drift_gate`).
 
 Leaves out: how the tensors travel (the role groups do that: a Ray object ref, or the dict in-process).
 """
@@ -66,26 +66,10 @@ def verify_reports(expected: WeightsHandle, reports: Sequence[WeightReport],
                                 + "\n  ".join(problems))
 
 
-def mean_abs_drift(rollout_logprobs: Sequence[Sequence[float]],
-                   policy_logprobs: Sequence[Sequence[float]]) -> float:
-    """Mean over all response tokens of |rollout logprob - policy logprob|; rows must align."""
-    if len(rollout_logprobs) != len(policy_logprobs):
-        raise ValueError(f"drift check: {len(rollout_logprobs)} rollout rows vs {len(policy_logprobs)} policy rows")
-    total, count = 0.0, 0
-    for i, (a, b) in enumerate(zip(rollout_logprobs, policy_logprobs)):
-        if len(a) != len(b):
-            raise ValueError(f"drift check: row {i} has {len(a)} rollout tokens vs {len(b)} policy tokens")
-        total += float(torch.tensor(list(a), dtype=torch.float64).sub(torch.tensor(list(b), dtype=torch.float64))
-                       .abs().sum()) if len(a) else 0.0
-        count += len(a)
-    return total / max(count, 1)
-
-
-def check_drift(rollout_logprobs: Sequence[Sequence[float]], policy_logprobs: Sequence[Sequence[float]], *,
-                version: int, threshold: float, rollout_workers: Sequence[WorkerId]) -> float:
-    """Return the mean |diff|; raise WeightDriftError (naming the rollout workers and version) above threshold."""
-    drift = mean_abs_drift(rollout_logprobs, policy_logprobs)
-    if drift > threshold:
+def drift_gate(drift: float, *, version: int, threshold: float, rollout_workers: Sequence[WorkerId]) -> float:
+    """Return `drift`; raise WeightDriftError (naming the rollout workers and version) when it is above
+    `threshold` or not a number (NaN log-probs on either side fail the gate, they do not slip past `>`)."""
+    if not drift <= threshold:
         names = ", ".join(str(w) for w in rollout_workers)
         raise WeightDriftError(
             f"rollout/policy drift at policy version {version}: mean |logprob diff| = {drift:.4f} > "

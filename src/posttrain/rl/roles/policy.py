@@ -17,8 +17,21 @@ torch.autocast(bfloat16), and the weights handed to rollout workers are rounded 
 taken over exactly what is handed over, so a bf16 rollout engine reports the same one).
 model.gradient_checkpointing recomputes activations in the update's backward pass.
 
+Memory: DDP's gradient buckets are the gradients themselves (`gradient_as_bucket_view`, no second copy), and
+with more than one rank the AdamW moments are sharded across the ranks (ZeRO stage 1,
+`ZeroRedundancyOptimizer`: each rank steps its share of the parameters and broadcasts the result), so a rank
+holds weights + gradients + 2/world_size of the moments instead of weights + 2 x gradients + all moments.
+Both give the same update as plain DDP + AdamW (the update is elementwise per parameter).
+
 Log-probs (drift check, update) are those of the sampling distribution the rollout used: temperature, then
 rl.top_k / rl.top_p truncation, renormalised (posttrain.models.generate.sampling_logprobs).
+
+Gates before the optimizer step. The drift check needs the policy's log-probs of the rollout's tokens at the
+version that sampled them; the update's first forward (epoch 0, before any optimizer step) computes exactly
+those, so no separate forward is run: each rank sums |policy - rollout| over its tokens, the group all-reduces
+sums and counts, and every rank sees the same mean. Above `rl.drift_threshold` - or NaN - the update stops
+before its optimizer step, as it does when the (all-reduced, so identical on every rank) gradient norm is not
+finite: the weights and version stay as they were and the stats say why (`applied` False, `stopped`).
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from posttrain.config import DType, LossAgg, ModelConfig, RLConfig
 from posttrain.models.generate import entropy_from_logits, forward_response_logits, sampling_logprobs, sequence_logprobs
@@ -45,11 +59,11 @@ from posttrain.models.io import (
     local_device,
     save_model,
 )
-from posttrain.rl import dispatch
+from posttrain.rl import dispatch, weight_transfer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import single_threaded, where, worker_identity
-from posttrain.rl.types import LogProbs, TrainBatch, Trajectories, UpdateStats, WeightsHandle, WorkerId
+from posttrain.rl.types import TrainBatch, UpdateStats, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
 
 
@@ -78,7 +92,8 @@ class PolicyWorker:
         self.tok = load_tokenizer(model_dir)
         self.version = 0
         self.ddp = None
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        self.opt: torch.optim.Optimizer | None = None
+        """Built when the rank joins its group (`setup_process_group`): the sharded optimizer needs the group."""
 
     def identity(self) -> WorkerId:
         return self.id
@@ -115,7 +130,17 @@ class PolicyWorker:
             dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                     world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))
         self.ddp = torch.nn.parallel.DistributedDataParallel(
-            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            gradient_as_bucket_view=True)
+        kw = {"lr": self.cfg.lr, "betas": (0.9, 0.99), "weight_decay": 0.0}
+        self.opt = (ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=torch.optim.AdamW, **kw)
+                    if self.world > 1 else torch.optim.AdamW(self.model.parameters(), **kw))
+
+    def _local_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer holding this rank's moments (its shard under ZeRO): what save_state/load_state keep."""
+        if self.opt is None:
+            raise RuntimeError(f"{self.id}: setup_process_group() must run before the optimizer is used")
+        return self.opt.optim if isinstance(self.opt, ZeroRedundancyOptimizer) else self.opt
 
     def _autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
@@ -129,7 +154,9 @@ class PolicyWorker:
         self.model.train()
         return [x.tolist() for x in lp], time.perf_counter() - t0
 
-    def update(self, shard: TrainBatch, global_tokens: int, global_seqs: int, n_micro: int) -> dict:
+    def update(self, shard: TrainBatch, global_tokens: int, global_seqs: int, n_micro: int,
+               drift_threshold: float = math.inf) -> dict:
+        self._local_optimizer()  # fails clearly before any work if the rank never joined its group
         if shard.policy_version != self.version:
             raise RuntimeError(f"{self.id}: train batch is from policy version {shard.policy_version}, "
                                f"this rank holds version {self.version}")
@@ -138,7 +165,7 @@ class PolicyWorker:
         norm = float(global_tokens if cfg.loss_agg == LossAgg.TOKEN_MEAN else global_seqs)
         bounds = [round(i * n / n_micro) for i in range(n_micro + 1)]
         sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ent": 0.0, "tok": 0}
-        grad_norm = 0.0
+        grad_norm, drift_sum, drift_tok = 0.0, 0.0, 0.0
         for epoch in range(cfg.inner_epochs):
             for m in range(n_micro):
                 lo, hi = bounds[m], bounds[m + 1]
@@ -157,6 +184,8 @@ class PolicyWorker:
                     (loss * self.world).backward()
                 if epoch == 0:
                     with torch.no_grad():
+                        drift_sum += float(((logp.detach() - old).abs() * mask).sum())
+                        drift_tok += float(mask.sum())
                         ent = entropy_from_logits(logits.detach(), cfg.temperature)
                     k = st.tokens
                     sums["loss"] += float(loss.detach())
@@ -165,14 +194,36 @@ class PolicyWorker:
                     sums["clip"] += st.clip_fraction * k
                     sums["ent"] += float((ent * mask).sum())
                     sums["tok"] += k
+            if epoch == 0:
+                drift = self._group_mean(drift_sum, drift_tok)
+                if not drift <= drift_threshold:  # NaN fails too
+                    return self._stopped(sums, t0, drift, f"drift {drift:.4g} > rl.drift_threshold {drift_threshold:g}")
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+            if not math.isfinite(grad_norm):
+                return self._stopped(sums, t0, drift, f"gradient norm is {grad_norm} in inner epoch {epoch} "
+                                                      f"(loss {sums['loss']:.4g} on rank {self.rank})",
+                                     grad_norm=grad_norm)
             self._set_lr()
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         self.version += 1
-        return {**sums, "grad_norm": grad_norm, "version": self.version,
-                "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+        return {**sums, "grad_norm": grad_norm, "version": self.version, "drift": drift, "applied": True,
+                "stopped": "", "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+
+    def _group_mean(self, total: float, count: float) -> float:
+        """sum(total) / sum(count) over the policy group's ranks."""
+        if dist.is_initialized() and self.world > 1:
+            t = torch.tensor([total, count], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            total, count = float(t[0]), float(t[1])
+        return total / max(count, 1.0)
+
+    def _stopped(self, sums: dict, t0: float, drift: float, why: str, grad_norm: float = 0.0) -> dict:
+        """The update's answer when a gate stopped it before the optimizer step: nothing changed."""
+        self.opt.zero_grad(set_to_none=True)
+        return {**sums, "grad_norm": grad_norm, "version": self.version, "drift": drift, "applied": False,
+                "stopped": why, "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
 
     def _set_lr(self) -> None:
         scale = warmup_scale(self.version, self.cfg.warmup_steps)
@@ -187,6 +238,12 @@ class PolicyWorker:
         """The weights for rollout workers: CPU copies in `sync_dtype` (Ray ships CPU tensors)."""
         return {k: v.detach().to("cpu", self.sync_dtype, copy=True) for k, v in self.model.state_dict().items()}
 
+    def publish(self, folder: str) -> weight_transfer.SharedWeights:
+        """Write the weights for rollout workers on this node into shared memory (`weight_transfer`), in
+        `sync_dtype`, streamed tensor by tensor: no second full copy in this process."""
+        return weight_transfer.write(self.model.state_dict(), folder, version=self.version, node=self.id.node,
+                                     dtype=self.sync_dtype)
+
     def save(self, out_dir: str) -> None:
         if self.rank == 0:
             save_model(self.model, self.tok, out_dir)
@@ -197,14 +254,15 @@ class PolicyWorker:
         if self.rank == 0:
             save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()},
                       str(d / "policy.safetensors"))
-        torch.save({"optim": self.opt.state_dict(), "rng": torch.get_rng_state()}, d / f"optim-rank{self.rank}.pt")
+        torch.save({"optim": self._local_optimizer().state_dict(), "rng": torch.get_rng_state()},
+                   d / f"optim-rank{self.rank}.pt")
         (d / f"version-rank{self.rank}.json").write_text(json.dumps({"version": self.version}))
 
     def load_state(self, state_dir: str) -> int:
         d = Path(state_dir)
         self.model.load_state_dict(load_file(str(d / "policy.safetensors")))
         s = torch.load(d / f"optim-rank{self.rank}.pt", weights_only=True, map_location="cpu")
-        self.opt.load_state_dict(s["optim"])
+        self._local_optimizer().load_state_dict(s["optim"])
         torch.set_rng_state(s["rng"])
         self.version = json.loads((d / f"version-rank{self.rank}.json").read_text())["version"]
         return self.version
@@ -218,8 +276,12 @@ def _pad(rows: list[list[float]], shape) -> torch.Tensor:
 
 
 class PolicyGroup:
-    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, micro_batch_size: int):
+    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, micro_batch_size: int,
+                 shared_folder: str | None = None):
+        """`shared_folder`: hand weights over through a file there (every rollout worker must be on rank 0's
+        node: see `weight_transfer`); None: through Ray's object store."""
         self.workers, self.ids, self.timeout_s, self.mb = workers, ids, timeout_s, micro_batch_size
+        self.shared_folder = shared_folder
         self.version = 0
 
     def identities(self) -> list[WorkerId]:
@@ -234,23 +296,16 @@ class PolicyGroup:
         refs = [w.setup_process_group.remote(addr, port, self.timeout_s, backend) for w in self.workers]
         gather(refs, self.ids, stage="policy.setup", timeout_s=self.timeout_s)
 
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs:
-        t = trajectories
-        lengths = [len(p) + len(r) for p, r in zip(t.prompt_ids, t.response_ids)]
-        sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
-        refs = [w.log_probs.remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx], temperature)
-                for w, idx in zip(self.workers, sh.indices)]
-        results = gather(refs, self.ids, stage="policy.log_probs", timeout_s=self.timeout_s)
-        return LogProbs(policy_version=self.version, values=dispatch.merge(sh, [r[0] for r in results]),
-                        compute_s=max(r[1] for r in results))
-
-    def update(self, batch: TrainBatch) -> UpdateStats:
+    def update(self, batch: TrainBatch, *, drift_threshold: float = math.inf) -> UpdateStats:
+        """One SPMD update; stopped before its optimizer step (`applied` False, nothing changed) when the
+        drift between the batch's rollout log-probs and the policy's own is above `drift_threshold` (or NaN),
+        or the gradient norm is not finite."""
         lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
         sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers), equal_size=True)
         n_micro = max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb))
         n_micro = min(n_micro, min(len(i) for i in sh.indices))
         global_tokens = sum(len(r) for r in batch.response_ids)
-        refs = [w.update.remote(_take(batch, idx), global_tokens, len(batch.response_ids), n_micro)
+        refs = [w.update.remote(_take(batch, idx), global_tokens, len(batch.response_ids), n_micro, drift_threshold)
                 for w, idx in zip(self.workers, sh.indices)]
         res = gather(refs, self.ids, stage="policy.update", timeout_s=self.timeout_s)
         if len({r["checksum"] for r in res}) != 1:
@@ -262,13 +317,19 @@ class PolicyGroup:
                            pg_loss=sum(r["pg"] for r in res) / tok, kl=sum(r["kl"] for r in res) / tok,
                            entropy=sum(r["ent"] for r in res) / tok, clip_fraction=sum(r["clip"] for r in res) / tok,
                            grad_norm=res[0]["grad_norm"], weights_checksum=res[0]["checksum"],
+                           drift=res[0]["drift"], applied=res[0]["applied"], stopped=res[0]["stopped"],
                            compute_s=max(r["compute_s"] for r in res))
 
     def weights(self) -> WeightsHandle:
-        ref = self.workers[0].state_dict.remote()  # stays a reference: rollout workers fetch it themselves
-        checksum = gather([self.workers[0].checksum.remote()], self.ids[:1], stage="policy.weights",
-                          timeout_s=self.timeout_s)[0]
-        return WeightsHandle(version=self.version, checksum=checksum, payload=ref)
+        if self.shared_folder:
+            payload, checksum = gather([self.workers[0].publish.remote(self.shared_folder),
+                                        self.workers[0].checksum.remote()], self.ids[:1] * 2, stage="policy.weights",
+                                       timeout_s=self.timeout_s)
+        else:
+            payload = self.workers[0].state_dict.remote()  # stays a reference: rollout workers fetch it themselves
+            checksum = gather([self.workers[0].checksum.remote()], self.ids[:1], stage="policy.weights",
+                              timeout_s=self.timeout_s)[0]
+        return WeightsHandle(version=self.version, checksum=checksum, payload=payload)
 
     def save(self, out_dir: str) -> None:
         gather([w.save.remote(out_dir) for w in self.workers], self.ids, stage="policy.save", timeout_s=self.timeout_s)

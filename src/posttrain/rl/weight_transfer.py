@@ -1,0 +1,145 @@
+"""How the policy's weights reach rollout workers on its own node: one safetensors file in shared memory.
+
+Through Ray's object store, each sync held three full copies of the weights at once: the policy's CPU copy,
+the object store's, and the one each rollout worker unpickled (1.6 GB for a 135M-parameter model in fp32).
+Here policy rank 0 streams its tensors into one file in /dev/shm (converted tensor by tensor to the dtype
+the rollout generates in; no copy at all when they already are that dtype on the CPU), and every rollout
+worker on that node copies them, tensor by tensor, into the weights it holds: one copy in flight, in pages
+that all readers share. `PolicyGroup.weights` uses this only when every rollout worker is on policy rank 0's
+node; otherwise the object store carries the weights as before.
+
+A tensor stored under two names (tied input/output embeddings) is written once; the other name is listed
+as an alias in the file's metadata. The file for version v replaces the one for v-1: the controller syncs
+one version at a time, so every reader has finished with v-1 before v is written. The folder is removed
+when the run ends (`remove_folder`); a killed pod takes its /dev/shm with it.
+
+Checks stay where they were: each rollout worker reports the checksum of what it now holds, compared with
+the policy's (posttrain.rl.weight_sync).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SharedWeights:
+    """Where policy version `version` was written, and on which node that file can be read."""
+
+    path: str
+    node: str
+    version: int
+
+
+def folder_for(run_id: str) -> Path:
+    """A per-run folder in shared memory (/dev/shm where it exists and is writable, else the temp folder)."""
+    root = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    return root / f"posttrain-weights-{run_id}-{os.getpid()}"
+
+
+def remove_folder(folder: str | Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unique(named: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors with distinct storage, {alias: name it shares storage with})."""
+    first: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name, t in named.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+            unique[name] = t
+    return unique, aliases
+
+
+def write(named: Mapping[str, torch.Tensor], folder: str | Path, *, version: int, node: str,
+          dtype: torch.dtype = torch.float32) -> SharedWeights:
+    """Stream `named` (cast to `dtype`, moved to the CPU one tensor at a time) into folder/weights-vN.safetensors
+    (written under a temporary name, then renamed) after deleting the files of older versions, and say where
+    it is."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"weight transfer: dtype {dtype} is not one of {sorted(map(str, _DTYPES))}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    unique, aliases = _unique(named)
+    header: dict = {"__metadata__": {"aliases": json.dumps(aliases), "version": str(version)}}
+    offset = 0
+    for name, t in unique.items():
+        size = t.numel() * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": _DTYPES[dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    path = folder / f"weights-v{version:06d}.safetensors"
+    for old in folder.glob("weights-v*"):  # every reader is done with it: one file's worth of memory at a time
+        old.unlink(missing_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with torch.no_grad(), open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for t in unique.values():
+            cpu = t.detach().to("cpu", dtype).contiguous()  # the tensor itself when already CPU + dtype
+            f.write(cpu.reshape(-1).view(torch.uint8).numpy().data)
+    os.replace(tmp, path)
+    return SharedWeights(path=str(path), node=node, version=version)
+
+
+class _Reader(Mapping):
+    """The file's tensors by name (aliases included), each read from the mapped file when asked for."""
+
+    def __init__(self, handle, aliases: dict[str, str]):
+        self.handle, self.aliases = handle, aliases
+        self.names = list(handle.keys()) + list(aliases)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.handle.get_tensor(self.aliases.get(name, name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@contextmanager
+def read(shared: SharedWeights, node: str) -> Iterator[Mapping[str, torch.Tensor]]:
+    """The tensors of `shared` as a lazy mapping; refuses a file written on another node (not readable here)."""
+    if shared.node != node:
+        raise RuntimeError(f"weight transfer: version {shared.version} was written to {shared.path} on node "
+                           f"{shared.node}, but this worker runs on node {node}; shared-memory transfer needs "
+                           "both on one node")
+    with safe_open(shared.path, framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("version") != str(shared.version):
+            raise RuntimeError(f"weight transfer: {shared.path} holds version {meta.get('version')}, "
+                               f"expected {shared.version}")
+        yield _Reader(f, json.loads(meta.get("aliases", "{}")))
+
+
+def copy_into(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `state` into the model's own tensors, one at a time (cast to their dtype and device); the names
+    must match exactly. Unlike load_state_dict, never materialises a second full set of weights."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"weight transfer: names differ from the model's: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, t in own.items():
+            t.copy_(state[name])

@@ -1,0 +1,66 @@
+"""Policy -> rollout weight transfer through a shared-memory safetensors file (posttrain.rl.weight_transfer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from posttrain.rl import weight_transfer as wt
+from posttrain.rl.weight_sync import weights_checksum
+
+
+class Tied(torch.nn.Module):
+    """Input and output embeddings share one tensor, as in SmolLM2."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(50, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+
+def test_round_trip_writes_tied_weights_once_and_holds_the_same_checksum(tmp_path):
+    src, dst = Tied(0), Tied(1)
+    assert weights_checksum(src.state_dict()) != weights_checksum(dst.state_dict())
+    shared = wt.write(src.state_dict(), tmp_path / "w", version=3, node="n1")
+    assert shared.version == 3 and shared.node == "n1" and shared.path.endswith("weights-v000003.safetensors")
+    with safe_open(shared.path, framework="pt") as f:
+        assert set(f.keys()) == {"emb.weight", "norm.weight", "norm.bias"}  # the tied head: once, as an alias
+        assert json.loads(f.metadata()["aliases"]) == {"head.weight": "emb.weight"}
+    plain = load_file(shared.path)  # a valid safetensors file for any reader
+    assert torch.equal(plain["emb.weight"], src.emb.weight.detach())
+    with wt.read(shared, "n1") as state:
+        assert set(state) == set(src.state_dict())
+        wt.copy_into(dst, state)
+    assert weights_checksum(dst.state_dict()) == weights_checksum(src.state_dict())
+    assert dst.head.weight is dst.emb.weight  # copied into the model's own tensors: still tied
+
+
+def test_bf16_transfer_rounds_like_the_policy_and_a_new_version_replaces_the_old_file(tmp_path):
+    src, dst = Tied(0), Tied(1)
+    v1 = wt.write(src.state_dict(), tmp_path, version=1, node="n", dtype=torch.bfloat16)
+    with wt.read(v1, "n") as state:
+        wt.copy_into(dst, state)
+    assert dst.emb.weight.dtype == torch.float32
+    assert torch.equal(dst.emb.weight, src.emb.weight.detach().to(torch.bfloat16).float())
+    v2 = wt.write(src.state_dict(), tmp_path, version=2, node="n")
+    assert [p.name for p in tmp_path.iterdir()] == ["weights-v000002.safetensors"]
+    stale = wt.SharedWeights(path=v2.path, node="n", version=1)
+    with pytest.raises(RuntimeError, match="holds version 2, expected 1"), wt.read(stale, "n"):
+        pass
+
+
+def test_a_file_from_another_node_or_with_other_names_is_refused(tmp_path):
+    shared = wt.write(Tied(0).state_dict(), tmp_path, version=0, node="node-a")
+    with pytest.raises(RuntimeError, match="on node node-a, but this worker runs on node node-b"), \
+            wt.read(shared, "node-b"):
+        pass
+    other = torch.nn.Linear(8, 50)
+    with wt.read(shared, "node-a") as state, pytest.raises(ValueError, match="names differ"):
+        wt.copy_into(other, state)
