@@ -318,8 +318,8 @@ def test_gradient_checkpointing_same_sft_loss_and_gradients(folders, world_of_on
     convs = [[{"role": "user", "content": f"{a}+{a * 3}="}, {"role": "assistant", "content": str(a * 4)}]
              for a in range(1, 9)]
     enc = [tokenize_for_training(tok, c, 64) for c in convs]
-    batches = [collate(enc[:4], pack=True, pack_length=24, pad_id=tok.pad_token_id),  # packed: 4D block mask
-               collate(enc[4:], pack=False, pack_length=24, pad_id=tok.pad_token_id)]
+    batches = [collate(enc[:4], pack=True, pack_length=40, pad_id=tok.pad_token_id),  # packed: 4D block mask
+               collate(enc[4:], pack=False, pack_length=40, pad_id=tok.pad_token_id)]
     assert batches[0].input_ids.shape[0] < 4  # really packed
     cfg = SFTConfig(nproc=1, global_batch_size=8, micro_batch_size=4, max_grad_norm=0.0, parallelism=parallelism)
     results = []
