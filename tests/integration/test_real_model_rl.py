@@ -12,6 +12,15 @@ import torch
 
 from tests.integration.test_real_model import EVAL_PROBLEMS, REWARD_MODULE
 
+# The number check plus a small bonus for brevity: samples of one prompt almost never tie, so GRPO's
+# advantages are not all zero and two updates must move the weights (with the number check alone, 2 samples
+# per prompt often score alike: measured, the weights then stay exactly the same).
+SHAPED = REWARD_MODULE + '''
+
+def number_then_brevity(completion, answer):
+    return number_in_reply(completion, answer) + 1.0 / (1 + len(completion))
+'''
+
 pytestmark = [pytest.mark.ray, pytest.mark.real_model, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 TRAIN_PROBLEMS = [("What is 8 + 2?", "10"), ("What is 2 * 10?", "20"), ("What is 6 + 7?", "13"),
@@ -32,7 +41,7 @@ def test_rl_from_the_real_model_folder_with_a_user_reward(tmp_path, monkeypatch,
     (tmp_path / "train.jsonl").write_text(rows(TRAIN_PROBLEMS))
     (tmp_path / "eval.jsonl").write_text(rows(EVAL_PROBLEMS))
     (tmp_path / "rewards").mkdir()
-    (tmp_path / "rewards" / "numreward.py").write_text(REWARD_MODULE)
+    (tmp_path / "rewards" / "numreward.py").write_text(SHAPED)
     home = tmp_path / "home"
     monkeypatch.setenv("POSTTRAIN_HOME", str(home))
     overrides = {"data": {"task": "", "files": [str(tmp_path / "train.jsonl")], "schema": "prompt_answer",
@@ -42,7 +51,7 @@ def test_rl_from_the_real_model_folder_with_a_user_reward(tmp_path, monkeypatch,
                  "eval": {"k": 0, "max_new_tokens": 16, "num_problems": 4},
                  "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 2, "max_new_tokens": 16,
                         "checkpoint_every": 0},
-                 "reward": {"fn": "numreward:number_in_reply", "python_path": [str(tmp_path / "rewards")]}}
+                 "reward": {"fn": "numreward:number_then_brevity", "python_path": [str(tmp_path / "rewards")]}}
     s = pipeline(recipe="small_instruct_cpu", overrides=json.dumps(overrides), run_id="real-rl")
 
     store = ArtifactStore(str(home))
@@ -50,8 +59,8 @@ def test_rl_from_the_real_model_folder_with_a_user_reward(tmp_path, monkeypatch,
     m = rl_model.metrics
     assert m["step"] == 2 and m["policy_version"] == 2, m
     assert m["reward_failures"] == 0 and m["num_samples"] == 8, m  # the user's function scored every sample
-    assert 0.0 <= m["reward_mean"] <= 1.0, m
-    assert rl_model.extra["reward"]["import_path"] == "numreward:number_in_reply", rl_model.extra
+    assert 0.0 < m["reward_mean"] <= 2.0 and m["reward_std"] > 0, m
+    assert rl_model.extra["reward"]["import_path"] == "numreward:number_then_brevity", rl_model.extra
     assert s.sft_model_id in rl_model.parents  # the base folder's artifact: SFT was skipped
 
     # The result is a plain HF folder: transformers loads it, and two updates moved the weights.

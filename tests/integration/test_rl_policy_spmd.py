@@ -123,9 +123,9 @@ class _RecordingPolicyGroup(PolicyGroup):
         super().__init__(*args, **kwargs)
         self.batches: list[TrainBatch] = []
 
-    def update(self, batch: TrainBatch):
+    def update(self, batch: TrainBatch, **kw):
         self.batches.append(batch)
-        return super().update(batch)
+        return super().update(batch, **kw)
 
 
 class _NoTracker:
