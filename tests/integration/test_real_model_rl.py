@@ -70,8 +70,8 @@ def test_rl_from_the_real_model_folder_with_a_user_reward(tmp_path, monkeypatch,
     moved = max(float((a - b).abs().max()) for a, b in zip(tuned.state_dict().values(), base.state_dict().values()))
     assert 0.0 < moved < 1e-2, moved  # lr 1e-6: a small, real change
     tok = AutoTokenizer.from_pretrained(folder)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2? Answer with just the number."}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
-        out = tuned.generate(**ids, max_new_tokens=8, do_sample=False)
+        out = tuned.generate(**ids, max_new_tokens=16, do_sample=False)
     assert "4" in tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
