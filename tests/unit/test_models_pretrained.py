@@ -1,53 +1,26 @@
 """Pretrained models as they are: every EOS id stops generation, top-p/top-k sampling with log-probs of the
 truncated distribution on both the sampling and the teacher-forced side, the pad-token fallback (and that
-padding never hides a real EOS from the loss), dtype rules, gradient checkpointing (same loss and gradients),
-the NCCL/gloo choice; and checkpoints that transformers 4.57 loads unchanged (slow: installs it once)."""
+padding never hides a real EOS from the loss), dtype rules, the NCCL/gloo choice, and a rollout engine holding bf16 weights. (The policy update:
+test_policy_update.py; loading in transformers 4.57: test_checkpoint_compat.py; shared fixtures: conftest.py.)"""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from posttrain.config import DType, ModelConfig, Parallelism, RLConfig, SFTConfig
+from posttrain.config import DType, ModelConfig
 from posttrain.data.chat import tokenize_for_training
 from posttrain.models.generate import forward_response_logits, generate, sampling_logprobs, sequence_logprobs
-from posttrain.models.io import compute_dtype, eos_token_ids, load_model, load_tokenizer, save_model
+from posttrain.models.io import compute_dtype, eos_token_ids, load_model, load_tokenizer
 from posttrain.models.tiny import build_model
-from posttrain.models.tokenizer import train_tokenizer
-from posttrain.rl.types import TrainBatch
 from posttrain.rl.weight_sync import weights_checksum
 from posttrain.sft.batching import collate
-
-TEXTS = [f"{a}+{b}={a + b}" for a in range(0, 100, 3) for b in range(0, 100, 7)] + ["the answer is"] * 4
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """The project's own trained tokenizer; a tiny from-scratch model saved with it; a pretrained-like Llama
-    (rope_theta 5e5, untied head, two EOS ids in its config) saved with the same tokenizer."""
-    root = tmp_path_factory.mktemp("pretrained")
-    train_tokenizer(TEXTS, 300, root / "tok")
-    tok = load_tokenizer(root / "tok")
-    save_model(build_model(ModelConfig(), tok), tok, root / "tiny")
-    torch.manual_seed(1)
-    user = tok.convert_tokens_to_ids("<|user|>")
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, rope_theta=500000.0, max_position_embeddings=256,
-                      tie_word_embeddings=False, eos_token_id=[user, tok.eos_token_id], pad_token_id=None,
-                      bos_token_id=None)
-    save_model(LlamaForCausalLM(cfg), tok, root / "llama")
-    return {"root": root, "tok": root / "tok", "tiny": root / "tiny", "llama": root / "llama", "user": user,
-            "eos": tok.eos_token_id}
 
 
 @pytest.fixture(scope="module")
@@ -220,189 +193,3 @@ def test_rollout_engine_holding_bf16_weights_reports_the_checksum_of_what_it_was
 
 
 # ----------------------------------------------------------------------------------------------- RL roles in-process
-
-
-@pytest.fixture()
-def world_of_one(monkeypatch):
-    """A gloo process group of one rank in this process (removed afterwards)."""
-    import torch.distributed as dist
-
-    from posttrain.sft.dist import _free_port, init_distributed
-
-    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
-        monkeypatch.setenv(k, v)
-    info = init_distributed()
-    yield info
-    dist.destroy_process_group()
-
-
-def _policy_batch(folders, rl: RLConfig) -> TrainBatch:
-    from posttrain.rl.roles.rollout import TransformersEngine
-
-    tok = load_tokenizer(folders["llama"])
-    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["1+2=", "33+4=", "the answer is 7"]]
-    eng = TransformersEngine(str(folders["llama"]), device="cpu")
-    gens = eng.generate(prompts, n=2, temperature=rl.temperature, max_new_tokens=6, seed=0, top_p=rl.top_p,
-                        top_k=rl.top_k)
-    return TrainBatch(policy_version=0, prompt_ids=[g.prompt_ids for g in gens],
-                      response_ids=[g.response_ids for g in gens], old_logprobs=[g.logprobs for g in gens],
-                      ref_logprobs=None, advantages=[1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
-
-
-def test_policy_and_reference_score_rollouts_with_the_same_truncation(folders, world_of_one):
-    from posttrain.rl.roles.policy import PolicyWorker
-    from posttrain.rl.roles.reference import ReferenceWorker
-
-    rl = RLConfig(temperature=0.9, top_p=0.8, top_k=20)
-    b = _policy_batch(folders, rl)
-    policy = PolicyWorker(str(folders["llama"]), rl, 0, 1)
-    ref = ReferenceWorker(str(folders["llama"]), 0, 1, cfg=rl)
-    for worker in (policy, ref):
-        lp, _ = worker.log_probs(b.prompt_ids, b.response_ids, rl.temperature)
-        diff = max(abs(a - c) for x, y in zip(b.old_logprobs, lp) for a, c in zip(x, y))
-        assert diff < 1e-4
-    untruncated, _ = ReferenceWorker(str(folders["llama"]), 0, 1).log_probs(b.prompt_ids, b.response_ids, 0.9)
-    assert max(abs(a - c) for x, y in zip(b.old_logprobs, untruncated) for a, c in zip(x, y)) > 1e-3
-
-
-def test_gradient_checkpointing_same_policy_update(folders, world_of_one):
-    from posttrain.rl.roles.policy import PolicyWorker
-
-    rl = RLConfig(temperature=1.0, top_p=0.9, lr=1e-3)
-    b = _policy_batch(folders, rl)
-    out = []
-    for gc in (False, True):
-        w = PolicyWorker(str(folders["llama"]), rl, 0, 1, model_cfg=ModelConfig(gradient_checkpointing=gc))
-        w.setup_process_group("127.0.0.1", 0, 60)
-        assert w.model.is_gradient_checkpointing == gc
-        res = w.update(b, global_tokens=sum(len(r) for r in b.response_ids), global_seqs=6, n_micro=2)
-        out.append((res, w.state_dict()))
-    (a, wa), (c, wc) = out
-    assert abs(a["loss"] - c["loss"]) < 1e-5 and abs(a["grad_norm"] - c["grad_norm"]) < 1e-5
-    assert max(float((wa[k] - wc[k]).abs().max()) for k in wa) < 1e-5
-
-
-def test_policy_update_gates_stop_before_the_optimizer_step(folders, world_of_one):
-    """Drift above rl.drift_threshold (measured by the update's own first forward) and a non-finite gradient
-    norm stop the update before its optimizer step: weights and version unchanged, the reason returned."""
-    import math
-    from dataclasses import replace
-
-    from posttrain.rl.roles.policy import PolicyWorker
-
-    rl = RLConfig(temperature=1.0, lr=1e-3)
-    b = _policy_batch(folders, rl)
-    w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
-    w.setup_process_group("127.0.0.1", 0, 60)
-    before, n = w.checksum(), sum(len(r) for r in b.response_ids)
-
-    def update(batch):
-        return w.update(batch, global_tokens=n, global_seqs=6, n_micro=2, drift_threshold=0.05)
-
-    res = update(replace(b, old_logprobs=[[x - 1.0 for x in row] for row in b.old_logprobs]))  # a stale rollout
-    assert not res["applied"] and abs(res["drift"] - 1.0) < 1e-3 and "rl.drift_threshold" in res["stopped"]
-    assert w.checksum() == before and w.version == 0
-    res = update(replace(b, advantages=[math.nan] + b.advantages[1:]))  # a poisoned advantage
-    assert not res["applied"] and "gradient norm is nan" in res["stopped"], res["stopped"]
-    assert w.checksum() == before and w.version == 0
-    res = update(b)  # the same batch, unpoisoned: the drift check passes and the step is taken
-    assert res["applied"] and res["drift"] < 1e-4 and w.version == 1 and w.checksum() != before
-
-
-@pytest.mark.parametrize("parallelism", [Parallelism.DDP, Parallelism.FSDP2])
-def test_gradient_checkpointing_same_sft_loss_and_gradients(folders, world_of_one, parallelism):
-    from posttrain.sft.trainer import train_step, wrap
-
-    tok = load_tokenizer(folders["tok"])
-    convs = [[{"role": "user", "content": f"{a}+{a * 3}="}, {"role": "assistant", "content": str(a * 4)}]
-             for a in range(1, 9)]
-    enc = [tokenize_for_training(tok, c, 64) for c in convs]
-    batches = [collate(enc[:4], pack=True, pack_length=40, pad_id=tok.pad_token_id),  # packed: 4D block mask
-               collate(enc[4:], pack=False, pack_length=40, pad_id=tok.pad_token_id)]
-    assert batches[0].input_ids.shape[0] < 4  # really packed
-    cfg = SFTConfig(nproc=1, global_batch_size=8, micro_batch_size=4, max_grad_norm=0.0, parallelism=parallelism)
-    results = []
-    for gc in (False, True):
-        model = wrap(load_model(folders["llama"]), cfg, world_of_one, gradient_checkpointing=gc)
-        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # keep the weights: compare the gradients
-        grads = {}
-        orig_step = opt.step
-
-        def capture(*args, _m=model, _g=grads, _s=orig_step, **kw):
-            for n, p in _m.named_parameters():
-                _g[n] = p.grad.detach().full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.detach().clone()
-            return _s(*args, **kw)
-
-        opt.step = capture
-        m = train_step(model, opt, batches, cfg=cfg, info=world_of_one, lr=0.0, autocast=False)
-        results.append((m, grads))
-    (ma, ga), (mb, gb) = results
-    assert abs(ma["loss"] - mb["loss"]) < 1e-5 and ma["loss"] > 0
-    assert ga.keys() == gb.keys() and len(ga) > 5
-    assert max(float((ga[k] - gb[k]).abs().max()) for k in ga) < 1e-5
-
-
-# ----------------------------------------------------------------------------------------------- transformers 4.57
-
-
-CHECK_SCRIPT = r"""
-import json, sys
-import torch, transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
-d = sys.argv[1]
-tok = AutoTokenizer.from_pretrained(d)
-model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-text = tok.apply_chat_template([{"role": "user", "content": "12+34="}], tokenize=False, add_generation_prompt=True)
-ids = tok(text, add_special_tokens=False)["input_ids"]
-with torch.no_grad():
-    logits = model(torch.tensor([ids])).logits[0]
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         max_new_tokens=8, do_sample=False)
-print("RESULT" + json.dumps({"version": transformers.__version__, "text": text, "ids": ids, "logits": logits.tolist(),
-      "generated": out[0, len(ids):].tolist(), "pad": tok.pad_token_id, "eos": model.generation_config.eos_token_id}))
-"""
-
-
-@pytest.fixture(scope="session")
-def transformers_457(request):
-    """transformers 4.57.6 + tokenizers 0.22.2 (and their dependencies) installed once with pip --target into
-    pytest's cache folder."""
-    target = Path(request.config.cache.mkdir("transformers-4.57.6"))
-    if not (target / "transformers-4.57.6.dist-info").exists():
-        p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
-                            "transformers==4.57.6", "tokenizers==0.22.2"], check=False, capture_output=True, text=True,
-                           timeout=600)
-        if p.returncode != 0:
-            if any(s in p.stderr for s in ("Could not find a version", "NewConnectionError", "Network is unreachable",
-                                           "Temporary failure in name resolution", "No matching distribution")):
-                pytest.skip(f"PyPI cannot be reached to install transformers 4.57.6: {p.stderr.strip()[-300:]}")
-            raise AssertionError(f"pip install transformers==4.57.6 failed:\n{p.stderr[-3000:]}")
-    return target
-
-
-def _run_check(model_dir: Path, pythonpath: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    p = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, str(model_dir)], check=False, capture_output=True,
-                       text=True, timeout=300, env=env)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.split("RESULT", 1)[1])
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["tiny", "llama"])
-def test_saved_checkpoint_loads_unchanged_in_transformers_457(folders, transformers_457, name):
-    new = _run_check(folders[name], None)
-    old = _run_check(folders[name], str(transformers_457))
-    assert old["version"] == "4.57.6" and new["version"].startswith("5.")
-    assert old["text"] == new["text"] and old["ids"] == new["ids"]
-    diff = float((torch.tensor(old["logits"]) - torch.tensor(new["logits"])).abs().max())
-    assert diff < 1e-4, f"{name}: logits differ by {diff} between transformers 4.57 and 5"
-    assert old["generated"] == new["generated"]
-    assert old["pad"] == new["pad"] is not None
-    assert old["eos"] == new["eos"] == ([folders["user"], folders["eos"]] if name == "llama" else folders["eos"])
-    cfg = json.loads((folders[name] / "config.json").read_text())
-    assert cfg["rope_theta"] == (500000.0 if name == "llama" else 10000.0) and "quantization_config" not in cfg

@@ -123,6 +123,41 @@ def default_workers() -> dict[str, type]:
     return {"rollout": RolloutWorker, "reward": RewardWorker, "reference": ReferenceWorker, "policy": PolicyWorker}
 
 
+def _role_actors(plan, pgs: dict, workers: dict[str, type], *, model_dir: str, rl_cfg: RLConfig,
+                 reward_cfg: RewardConfig, model_cfg: ModelConfig | None) -> dict[str, list]:
+    """Every role's actors, in their placement-group bundles: role -> handles in rank order."""
+    n = {r: len(p.bundle_indices) for r, p in plan.roles.items()}
+    init_args = {  # role -> constructor arguments of its rank-th worker
+        "rollout": lambda rank: (model_dir, rank, n["rollout"], 0, model_cfg),
+        "reward": lambda rank: (reward_cfg, rank, n["reward"]),
+        "reference": lambda rank: (model_dir, rank, n["reference"], rl_cfg, model_cfg),
+        "policy": lambda rank: (model_dir, rl_cfg, rank, n["policy"], model_cfg),
+    }
+    return {role: pl.create_role_actors(workers[role], p, pgs, init_args[role]) for role, p in plan.roles.items()}
+
+
+def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list[StepMetrics]]:
+    """Wait for the controller actor to start, then to run `cfg.steps` steps, each wait bounded; a failure
+    inside it is raised here as the controller's own exception."""
+    import ray
+
+    t0 = time.perf_counter()
+    timeout = cfg.remote_timeout_s * (WAIT_CALLS_PER_STEP * (cfg.steps + 1))
+    try:
+        ray.get(controller.ready.remote(), timeout=cfg.remote_timeout_s * WAIT_CALLS_PER_STEP)
+        print(f"rl: {role_actors} role actors and the controller started in {time.perf_counter() - t0:.1f}s",
+              flush=True)
+        return ray.get(controller.run.remote(cfg.steps), timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(f"rl: the controller did not start or finish {cfg.steps} steps within "
+                           f"{timeout:.0f}s") from None
+    except ray.exceptions.RayTaskError as e:  # surface the controller's own exception type and message
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from e
+        raise
+
+
 def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig | None = None, placement_cfg: PlacementConfig, max_seq_len: int, tracking_cfg: TrackingConfig,
            start_model_dir, dataset_dir, store_root: str, run_id: str, parents: list[str], state_dir,
            start_model_id: str, placement_timeout_s: float = 120.0, workers: dict[str, type] | None = None) -> RLResult:
@@ -141,15 +176,8 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
     weights_folder = weight_transfer.folder_for(run_id)
     try:
         pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
-        roles = plan.roles
-        n = {r: len(p.bundle_indices) for r, p in roles.items()}
-        init_args = {  # role -> constructor arguments of its rank-th worker
-            "rollout": lambda rank: (model_dir, rank, n["rollout"], 0, model_cfg),
-            "reward": lambda rank: (reward_cfg, rank, n["reward"]),
-            "reference": lambda rank: (model_dir, rank, n["reference"], cfg, model_cfg),
-            "policy": lambda rank: (model_dir, cfg, rank, n["policy"], model_cfg),
-        }
-        handles = {role: pl.create_role_actors(workers[role], roles[role], pgs, init_args[role]) for role in roles}
+        handles = _role_actors(plan, pgs, workers, model_dir=model_dir, rl_cfg=cfg, reward_cfg=reward_cfg,
+                               model_cfg=model_cfg)
         actors = [h for hs in handles.values() for h in hs]
         spec = RunSpec(rl_cfg=cfg, reward_cfg=reward_cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg, max_seq_len=max_seq_len,
                        start_model_dir=model_dir, dataset_dir=str(dataset_dir), store_root=str(store_root),
@@ -157,21 +185,7 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
                        weights_folder=str(weights_folder))
         controller = pl.create_controller_actor(ControllerActor, spec, handles)
         actors.append(controller)
-        t0 = time.perf_counter()
-        timeout = cfg.remote_timeout_s * (WAIT_CALLS_PER_STEP * (cfg.steps + 1))
-        try:
-            ray.get(controller.ready.remote(), timeout=cfg.remote_timeout_s * WAIT_CALLS_PER_STEP)
-            print(f"rl: {len(actors) - 1} role actors and the controller started in {time.perf_counter() - t0:.1f}s",
-                  flush=True)
-            model_id, history = ray.get(controller.run.remote(cfg.steps), timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(f"rl: the controller did not start or finish {cfg.steps} steps within "
-                               f"{timeout:.0f}s") from None
-        except ray.exceptions.RayTaskError as e:  # surface the controller's own exception type and message
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, Exception):
-                raise cause from e
-            raise
+        model_id, history = _wait_for(controller, cfg, role_actors=len(actors) - 1)
     finally:
         for a in actors:
             ray.kill(a, no_restart=True)

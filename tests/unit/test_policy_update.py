@@ -1,0 +1,120 @@
+"""The policy worker's update on a pretrained-like model: same truncated log-probs as the reference, gradient
+checkpointing changes neither loss nor gradients (policy update and SFT, DDP and FSDP2), and the gates that
+stop an update before its optimizer step (drift, non-finite gradient norm)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posttrain.config import ModelConfig, Parallelism, RLConfig, SFTConfig
+from posttrain.data.chat import tokenize_for_training
+from posttrain.models.io import load_model, load_tokenizer
+from posttrain.rl.types import TrainBatch
+from posttrain.sft.batching import collate
+
+
+def _policy_batch(folders, rl: RLConfig) -> TrainBatch:
+    from posttrain.rl.roles.rollout import TransformersEngine
+
+    tok = load_tokenizer(folders["llama"])
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ["1+2=", "33+4=", "the answer is 7"]]
+    eng = TransformersEngine(str(folders["llama"]), device="cpu")
+    gens = eng.generate(prompts, n=2, temperature=rl.temperature, max_new_tokens=6, seed=0, top_p=rl.top_p,
+                        top_k=rl.top_k)
+    return TrainBatch(policy_version=0, prompt_ids=[g.prompt_ids for g in gens],
+                      response_ids=[g.response_ids for g in gens], old_logprobs=[g.logprobs for g in gens],
+                      ref_logprobs=None, advantages=[1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+
+
+def test_policy_and_reference_score_rollouts_with_the_same_truncation(folders, world_of_one):
+    from posttrain.rl.roles.policy import PolicyWorker
+    from posttrain.rl.roles.reference import ReferenceWorker
+
+    rl = RLConfig(temperature=0.9, top_p=0.8, top_k=20)
+    b = _policy_batch(folders, rl)
+    policy = PolicyWorker(str(folders["llama"]), rl, 0, 1)
+    ref = ReferenceWorker(str(folders["llama"]), 0, 1, cfg=rl)
+    for worker in (policy, ref):
+        lp, _ = worker.log_probs(b.prompt_ids, b.response_ids, rl.temperature)
+        diff = max(abs(a - c) for x, y in zip(b.old_logprobs, lp) for a, c in zip(x, y))
+        assert diff < 1e-4
+    untruncated, _ = ReferenceWorker(str(folders["llama"]), 0, 1).log_probs(b.prompt_ids, b.response_ids, 0.9)
+    assert max(abs(a - c) for x, y in zip(b.old_logprobs, untruncated) for a, c in zip(x, y)) > 1e-3
+
+
+def test_gradient_checkpointing_same_policy_update(folders, world_of_one):
+    from posttrain.rl.roles.policy import PolicyWorker
+
+    rl = RLConfig(temperature=1.0, top_p=0.9, lr=1e-3)
+    b = _policy_batch(folders, rl)
+    out = []
+    for gc in (False, True):
+        w = PolicyWorker(str(folders["llama"]), rl, 0, 1, model_cfg=ModelConfig(gradient_checkpointing=gc))
+        w.setup_process_group("127.0.0.1", 0, 60)
+        assert w.model.is_gradient_checkpointing == gc
+        res = w.update(b, global_tokens=sum(len(r) for r in b.response_ids), global_seqs=6, n_micro=2)
+        out.append((res, w.state_dict()))
+    (a, wa), (c, wc) = out
+    assert abs(a["loss"] - c["loss"]) < 1e-5 and abs(a["grad_norm"] - c["grad_norm"]) < 1e-5
+    assert max(float((wa[k] - wc[k]).abs().max()) for k in wa) < 1e-5
+
+
+def test_policy_update_gates_stop_before_the_optimizer_step(folders, world_of_one):
+    """Drift above rl.drift_threshold (measured by the update's own first forward) and a non-finite gradient
+    norm stop the update before its optimizer step: weights and version unchanged, the reason returned."""
+    import math
+    from dataclasses import replace
+
+    from posttrain.rl.roles.policy import PolicyWorker
+
+    rl = RLConfig(temperature=1.0, lr=1e-3)
+    b = _policy_batch(folders, rl)
+    w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
+    w.setup_process_group("127.0.0.1", 0, 60)
+    before, n = w.checksum(), sum(len(r) for r in b.response_ids)
+
+    def update(batch):
+        return w.update(batch, global_tokens=n, global_seqs=6, n_micro=2, drift_threshold=0.05)
+
+    res = update(replace(b, old_logprobs=[[x - 1.0 for x in row] for row in b.old_logprobs]))  # a stale rollout
+    assert not res["applied"] and abs(res["drift"] - 1.0) < 1e-3 and "rl.drift_threshold" in res["stopped"]
+    assert w.checksum() == before and w.version == 0
+    res = update(replace(b, advantages=[math.nan] + b.advantages[1:]))  # a poisoned advantage
+    assert not res["applied"] and "gradient norm is nan" in res["stopped"], res["stopped"]
+    assert w.checksum() == before and w.version == 0
+    res = update(b)  # the same batch, unpoisoned: the drift check passes and the step is taken
+    assert res["applied"] and res["drift"] < 1e-4 and w.version == 1 and w.checksum() != before
+
+
+@pytest.mark.parametrize("parallelism", [Parallelism.DDP, Parallelism.FSDP2])
+def test_gradient_checkpointing_same_sft_loss_and_gradients(folders, world_of_one, parallelism):
+    from posttrain.sft.trainer import train_step, wrap
+
+    tok = load_tokenizer(folders["tok"])
+    convs = [[{"role": "user", "content": f"{a}+{a * 3}="}, {"role": "assistant", "content": str(a * 4)}]
+             for a in range(1, 9)]
+    enc = [tokenize_for_training(tok, c, 64) for c in convs]
+    batches = [collate(enc[:4], pack=True, pack_length=40, pad_id=tok.pad_token_id),  # packed: 4D block mask
+               collate(enc[4:], pack=False, pack_length=40, pad_id=tok.pad_token_id)]
+    assert batches[0].input_ids.shape[0] < 4  # really packed
+    cfg = SFTConfig(nproc=1, global_batch_size=8, micro_batch_size=4, max_grad_norm=0.0, parallelism=parallelism)
+    results = []
+    for gc in (False, True):
+        model = wrap(load_model(folders["llama"]), cfg, world_of_one, gradient_checkpointing=gc)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # keep the weights: compare the gradients
+        grads = {}
+        orig_step = opt.step
+
+        def capture(*args, _m=model, _g=grads, _s=orig_step, **kw):
+            for n, p in _m.named_parameters():
+                _g[n] = p.grad.detach().full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.detach().clone()
+            return _s(*args, **kw)
+
+        opt.step = capture
+        m = train_step(model, opt, batches, cfg=cfg, info=world_of_one, lr=0.0, autocast=False)
+        results.append((m, grads))
+    (ma, ga), (mb, gb) = results
+    assert abs(ma["loss"] - mb["loss"]) < 1e-5 and ma["loss"] > 0
+    assert ga.keys() == gb.keys() and len(ga) > 5
+    assert max(float((ga[k] - gb[k]).abs().max()) for k in ga) < 1e-5
