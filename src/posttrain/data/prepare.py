@@ -172,9 +172,6 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
             raise DataValidationError([f"data.eval_files: no rows in {', '.join(cfg.eval_files)}"])
         eval_ex, train_ex = held, [examples[i] for i in order]
     else:
-        if len(examples) <= cfg.eval_size:
-            raise DataValidationError([(f"data.eval_size: {cfg.eval_size} eval examples requested but only "
-                                        f"{len(examples)} unique examples exist ({where}); lower data.eval_size")])
         eval_ex, train_ex, dropped_for_eval = _hold_out(examples, order, cfg.eval_size, where)
     train_prompts = {dumps(prompt_messages(ex)) for ex in train_ex}
     in_train = sum(dumps(prompt_messages(ex)) in train_prompts for ex in eval_ex)

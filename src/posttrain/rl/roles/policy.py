@@ -283,6 +283,9 @@ class PolicyGroup:
         self.workers, self.ids, self.timeout_s, self.mb = workers, ids, timeout_s, micro_batch_size
         self.shared_folder = shared_folder
         self.version = 0
+        self._checksum: str | None = None
+        """Checksum of the weights at `version`, as rank 0 reported it after the last update (None: not known
+        yet - before the first update or after load_state)."""
 
     def identities(self) -> list[WorkerId]:
         return list(self.ids)
@@ -312,7 +315,7 @@ class PolicyGroup:
             raise RuntimeError("stage policy.update: policy ranks hold different weights after the update: " +
                                ", ".join(f"{w}={r['checksum'][:12]}" for w, r in zip(self.ids, res)))
         tok = max(1, sum(r["tok"] for r in res))
-        self.version = res[0]["version"]
+        self.version, self._checksum = res[0]["version"], res[0]["checksum"]
         return UpdateStats(policy_version=self.version, loss=sum(r["loss"] for r in res),
                            pg_loss=sum(r["pg"] for r in res) / tok, kl=sum(r["kl"] for r in res) / tok,
                            entropy=sum(r["ent"] for r in res) / tok, clip_fraction=sum(r["clip"] for r in res) / tok,
@@ -321,15 +324,17 @@ class PolicyGroup:
                            compute_s=max(r["compute_s"] for r in res))
 
     def weights(self) -> WeightsHandle:
+        """The weights for rollout workers. Their checksum is the one the update reported (hashing the weights
+        again would only repeat it); each rollout worker then checks what it received against it."""
+        if self._checksum is None:
+            self._checksum = gather([self.workers[0].checksum.remote()], self.ids[:1], stage="policy.weights",
+                                    timeout_s=self.timeout_s)[0]
         if self.shared_folder:
-            payload, checksum = gather([self.workers[0].publish.remote(self.shared_folder),
-                                        self.workers[0].checksum.remote()], self.ids[:1] * 2, stage="policy.weights",
-                                       timeout_s=self.timeout_s)
+            payload = gather([self.workers[0].publish.remote(self.shared_folder)], self.ids[:1],
+                             stage="policy.weights", timeout_s=self.timeout_s)[0]
         else:
             payload = self.workers[0].state_dict.remote()  # stays a reference: rollout workers fetch it themselves
-            checksum = gather([self.workers[0].checksum.remote()], self.ids[:1], stage="policy.weights",
-                              timeout_s=self.timeout_s)[0]
-        return WeightsHandle(version=self.version, checksum=checksum, payload=payload)
+        return WeightsHandle(version=self.version, checksum=self._checksum, payload=payload)
 
     def save(self, out_dir: str) -> None:
         gather([w.save.remote(out_dir) for w in self.workers], self.ids, stage="policy.save", timeout_s=self.timeout_s)
@@ -341,7 +346,7 @@ class PolicyGroup:
     def load_state(self, state_dir: str) -> int:
         versions = gather([w.load_state.remote(state_dir) for w in self.workers], self.ids, stage="policy.load_state",
                           timeout_s=self.timeout_s)
-        self.version = versions[0]
+        self.version, self._checksum = versions[0], None
         return self.version
 
 
