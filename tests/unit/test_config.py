@@ -66,6 +66,7 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"rl": {"warmup_steps": -1}}', "rl.warmup_steps"),
     ('{"eval": {"k": -1}}', "eval.k"),
     ('{"placement": {"policy_workers": 0}}', "placement.policy_workers"),
+    ('{"placement": {"torch_threads": 0}}', "placement.torch_threads"),
     ('{"rl": {"prompts_per_step": 1, "samples_per_prompt": 2}, "placement": {"policy_workers": 4}}',
      "rl.prompts_per_step"),
     ('{"sft": {"stepz": 3}}', "sft"),

@@ -64,3 +64,40 @@ def test_a_file_from_another_node_or_with_other_names_is_refused(tmp_path):
     other = torch.nn.Linear(8, 50)
     with wt.read(shared, "node-a") as state, pytest.raises(ValueError, match="names differ"):
         wt.copy_into(other, state)
+
+
+def test_rollout_group_deletes_the_shared_file_once_every_worker_holds_the_weights(folders, tmp_path):
+    """The file is RAM until deleted; once both rollout workers copied it, it must be gone - and both hold
+    exactly the published weights."""
+    from posttrain.models.io import load_model
+    from posttrain.rl.remote import LocalActor
+    from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
+    from posttrain.rl.types import WeightsHandle
+
+    workers = [RolloutWorker(str(folders["tiny"]), rank, 2, threads=torch.get_num_threads()) for rank in range(2)]
+    group = RolloutGroup([LocalActor(w) for w in workers], [w.identity() for w in workers], timeout_s=60)
+    policy = load_model(folders["tiny"])
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01)
+    expected = weights_checksum(policy.state_dict())
+    assert workers[0].engine.checksum() != expected
+    shared = wt.write(policy.state_dict(), tmp_path, version=1, node=workers[0].identity().node)
+    reports = group.load_weights(WeightsHandle(version=1, checksum=expected, payload=shared))
+    assert [(r.version, r.checksum) for r in reports] == [(1, expected)] * 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_role_workers_take_placement_torch_threads(folders):
+    from posttrain.config import RLConfig
+    from posttrain.rl.roles.policy import PolicyWorker
+    from posttrain.rl.roles.rollout import RolloutWorker
+
+    before = torch.get_num_threads()
+    try:
+        RolloutWorker(str(folders["tiny"]), 0, 1, threads=2)
+        assert torch.get_num_threads() == 2
+        PolicyWorker(str(folders["tiny"]), RLConfig(), 0, 1, threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -3,7 +3,9 @@ allowed. One function per config section; cross-section rules live with the sect
 
 from __future__ import annotations
 
-from posttrain.config.enums import Algorithm
+import importlib.util
+
+from posttrain.config.enums import Algorithm, RolloutBackend
 from posttrain.config.errors import ConfigError
 from posttrain.config.sections import (
     DataConfig,
@@ -99,6 +101,7 @@ def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
     _check(e.max_new_tokens < m.max_seq_len, "eval.max_new_tokens",
            f"must be < model.max_seq_len = {m.max_seq_len} (prompt and completion share it)")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    _check(e.backend != RolloutBackend.VLLM or vllm_installed(), "eval.backend", _NO_VLLM)
 
 
 def _check_reward(w: RewardConfig) -> None:
@@ -132,6 +135,7 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.checkpoint_every >= 0, "rl.checkpoint_every", "must be >= 0")
     _check(r.drift_threshold > 0, "rl.drift_threshold", "must be > 0")
     _check(r.remote_timeout_s > 0, "rl.remote_timeout_s", "must be > 0")
+    _check(r.rollout_backend != RolloutBackend.VLLM or vllm_installed(), "rl.rollout_backend", _NO_VLLM)
 
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
@@ -139,6 +143,7 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
     _check(p.rollout_workers >= 1, "placement.rollout_workers", "must be >= 1")
     _check(p.reference_workers >= 1, "placement.reference_workers", "must be >= 1")
     _check(p.reward_workers >= 1, "placement.reward_workers", "must be >= 1")
+    _check(p.torch_threads >= 1, "placement.torch_threads", "must be >= 1")
     _check(p.gpus_per_worker >= 0, "placement.gpus_per_worker", "must be >= 0")
     batch = r.prompts_per_step * r.samples_per_prompt
     _check(batch >= p.policy_workers, "rl.prompts_per_step",
@@ -149,6 +154,20 @@ def _check_tracking(t: TrackingConfig) -> None:
     _check(t.wandb_mode in ("offline", "online", "disabled"), "tracking.wandb_mode",
            f"{t.wandb_mode!r} is not one of 'offline', 'online', 'disabled'")
     _check(t.log_every >= 1, "tracking.log_every", "must be >= 1")
+
+
+VLLM_INSTALL_COMMAND = "make install-vllm"
+"""vLLM is an optional extra in its own environment (.venv-vllm, pinned by requirements-vllm.lock)."""
+
+
+_NO_VLLM = (f"'vllm' needs vLLM, which is not installed in this environment; install it with "
+            f"`{VLLM_INSTALL_COMMAND}` (its own environment, .venv-vllm) and run with `make run-vllm`")
+
+
+def vllm_installed() -> bool:
+    """Whether `import vllm` would find a package: looked up, not imported (importing it takes seconds).
+    Every local task runs in the Python that validates the config, so this is where the run would need it."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _is_import_path(s: str) -> bool:

@@ -175,9 +175,11 @@ class EvalConfig:
     max_new_tokens: int = 16
     """Generation limit per answer."""
     batch_size: int = 256
-    """Prompts per generation batch."""
+    """Prompts per generation batch (transformers backend; vLLM schedules its own batches)."""
     seed: int = 0
     """Sampling seed."""
+    backend: RolloutBackend = RolloutBackend.TRANSFORMERS
+    """Generation engine: "transformers", or "vllm" (a separate install: `make install-vllm`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -270,6 +272,12 @@ class PlacementConfig:
     """Reward scoring workers."""
     gpus_per_worker: float = 0.0
     """GPUs per role worker (0 on CPU). In COLOCATED mode roles share each device."""
+    torch_threads: int = 1
+    """torch intra-op threads in each rollout, reference and policy worker. In COLOCATED mode the controller
+    runs one phase at a time, so only one role computes at once: with one worker per role on a node, that
+    worker may use the node's cores (e.g. 2 on a 2-core CPU). 1 when a role's workers share the cores (two
+    policy ranks on 2 cores: one each). More threads also change float summation order, so figures measured
+    with one setting move slightly with another."""
 
 
 @dataclass(frozen=True, kw_only=True)

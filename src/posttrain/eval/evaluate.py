@@ -10,6 +10,9 @@ function that needs an argument no eval row supplies is refused before anything 
 
 Which rows are scored: with the built-in verifier, those with a reference answer; with a user function, all
 of them (it may not need an answer). Leaves out: stopping on a failure rate (RL does that; eval reports).
+
+Engine (`eval.backend`): posttrain.models.generate on the transformers model, or the vLLM rollout engine
+(posttrain.rl.roles.rollout_vllm; same stop ids, sampling and seeds contract).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.config import EvalConfig, RewardConfig
+from posttrain.config import EvalConfig, RewardConfig, RolloutBackend
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.eval.report import EvalReport
@@ -44,14 +47,12 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
     with RewardScorer(reward) as scorer:
         scorer.check_arguments({k for ex in problems for k in (ex.get("columns") or {})})  # before generating
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        model, tok = load_model(model_dir, device=device), load_tokenizer(model_dir)
+        tok = load_tokenizer(model_dir)
+        gen = _generator(model_dir, tok, cfg, device)
         prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
-        kw = {"max_new_tokens": cfg.max_new_tokens, "eos_id": eos_token_ids(model_dir, tok),
-              "pad_id": tok.pad_token_id, "batch_size": cfg.batch_size}
         t0 = time.perf_counter()
-        greedy = generate(model, prompts, temperature=0.0, n=1, seed=cfg.seed, **kw)
-        sampled = (generate(model, prompts, temperature=cfg.temperature, n=cfg.k, seed=cfg.seed, top_p=cfg.top_p,
-                            top_k=cfg.top_k, **kw) if cfg.k > 0 else [])
+        greedy = gen(prompts, temperature=0.0, n=1)
+        sampled = gen(prompts, temperature=cfg.temperature, n=cfg.k) if cfg.k > 0 else []
         seconds = time.perf_counter() - t0
 
         def decode(g):
@@ -78,6 +79,19 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         reward_failure_examples=_distinct(failures, FAILURE_EXAMPLES),
         mean_response_tokens=n_tokens / len(greedy + sampled), seconds=seconds,
         generated_tokens_per_s=n_tokens / max(seconds, 1e-9), samples=samples)
+
+
+def _generator(model_dir, tok, cfg: EvalConfig, device: str):
+    """gen(prompts, temperature=, n=) -> list[Generation] on the engine `eval.backend` names."""
+    kw = {"max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_p": cfg.top_p, "top_k": cfg.top_k}
+    if cfg.backend == RolloutBackend.VLLM:
+        from posttrain.rl.roles.rollout_vllm import VLLMEngine
+
+        engine = VLLMEngine(str(model_dir))
+        return lambda prompts, *, temperature, n: engine.generate(prompts, temperature=temperature, n=n, **kw)
+    model = load_model(model_dir, device=device)
+    stop = {"eos_id": eos_token_ids(model_dir, tok), "pad_id": tok.pad_token_id, "batch_size": cfg.batch_size}
+    return lambda prompts, *, temperature, n: generate(model, prompts, temperature=temperature, n=n, **kw, **stop)
 
 
 def _distinct(reasons: list[str], n: int) -> list[str]:

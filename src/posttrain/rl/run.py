@@ -124,14 +124,15 @@ def default_workers() -> dict[str, type]:
 
 
 def _role_actors(plan, pgs: dict, workers: dict[str, type], *, model_dir: str, rl_cfg: RLConfig,
-                 reward_cfg: RewardConfig, model_cfg: ModelConfig | None) -> dict[str, list]:
-    """Every role's actors, in their placement-group bundles: role -> handles in rank order."""
+                 reward_cfg: RewardConfig, model_cfg: ModelConfig | None, threads: int = 1) -> dict[str, list]:
+    """Every role's actors, in their placement-group bundles: role -> handles in rank order. `threads`: torch
+    intra-op threads of the rollout, reference and policy workers (placement.torch_threads)."""
     n = {r: len(p.bundle_indices) for r, p in plan.roles.items()}
     init_args = {  # role -> constructor arguments of its rank-th worker
-        "rollout": lambda rank: (model_dir, rank, n["rollout"], 0, model_cfg),
+        "rollout": lambda rank: (model_dir, rank, n["rollout"], 0, model_cfg, rl_cfg.rollout_backend, threads),
         "reward": lambda rank: (reward_cfg, rank, n["reward"]),
-        "reference": lambda rank: (model_dir, rank, n["reference"], rl_cfg, model_cfg),
-        "policy": lambda rank: (model_dir, rl_cfg, rank, n["policy"], model_cfg),
+        "reference": lambda rank: (model_dir, rank, n["reference"], rl_cfg, model_cfg, threads),
+        "policy": lambda rank: (model_dir, rl_cfg, rank, n["policy"], model_cfg, threads),
     }
     return {role: pl.create_role_actors(workers[role], p, pgs, init_args[role]) for role, p in plan.roles.items()}
 
@@ -177,7 +178,7 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
     try:
         pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
         handles = _role_actors(plan, pgs, workers, model_dir=model_dir, rl_cfg=cfg, reward_cfg=reward_cfg,
-                               model_cfg=model_cfg)
+                               model_cfg=model_cfg, threads=placement_cfg.torch_threads)
         actors = [h for hs in handles.values() for h in hs]
         spec = RunSpec(rl_cfg=cfg, reward_cfg=reward_cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg, max_seq_len=max_seq_len,
                        start_model_dir=model_dir, dataset_dir=str(dataset_dir), store_root=str(store_root),

@@ -40,10 +40,16 @@ def weights_checksum(named_tensors: Mapping[str, torch.Tensor]) -> str:
     over what it holds after loading."""
     h = hashlib.sha256()
     for name in sorted(named_tensors):
-        t = named_tensors[name].detach().to("cpu", torch.float32).contiguous()
-        h.update(name.encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
-        h.update(t.numpy().tobytes())
+        add_to_checksum(h, name, named_tensors[name])
     return h.hexdigest()
+
+
+def add_to_checksum(h: hashlib._Hash, name: str, tensor: torch.Tensor) -> None:
+    """One tensor's share of `weights_checksum`; fed in sorted name order it gives the same digest. For an
+    engine that hashes its tensors while it streams them in (posttrain.models.vllm_engine)."""
+    t = tensor.detach().to("cpu", torch.float32).contiguous()
+    h.update(name.encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
+    h.update(t.numpy().tobytes())
 
 
 def verify_reports(expected: WeightsHandle, reports: Sequence[WeightReport],

@@ -9,8 +9,9 @@ that all readers share. `PolicyGroup.weights` uses this only when every rollout 
 node; otherwise the object store carries the weights as before.
 
 A tensor stored under two names (tied input/output embeddings) is written once; the other name is listed
-as an alias in the file's metadata. The file for version v replaces the one for v-1: the controller syncs
-one version at a time, so every reader has finished with v-1 before v is written. The folder is removed
+as an alias in the file's metadata. The file is deleted as soon as every rollout worker has copied it
+(`RolloutGroup.load_weights` -> `release`), so it takes RAM only during the sync; the file for version v
+also replaces any left from v-1 (the controller syncs one version at a time). The folder is removed
 when the run ends (`remove_folder`); a killed pod takes its /dev/shm with it.
 
 Checks stay where they were: each rollout worker reports the checksum of what it now holds, compared with
@@ -48,6 +49,12 @@ def folder_for(run_id: str) -> Path:
     """A per-run folder in shared memory (/dev/shm where it exists and is writable, else the temp folder)."""
     root = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
     return root / f"posttrain-weights-{run_id}-{os.getpid()}"
+
+
+def release(shared: SharedWeights) -> None:
+    """Delete the file once every reader has copied it (its pages are RAM until then; a reader still holding
+    it open keeps its mapping until it closes)."""
+    Path(shared.path).unlink(missing_ok=True)
 
 
 def remove_folder(folder: str | Path) -> None:

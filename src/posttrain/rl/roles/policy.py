@@ -62,7 +62,7 @@ from posttrain.models.io import (
 from posttrain.rl import dispatch, weight_transfer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, where, worker_identity
+from posttrain.rl.roles.common import release_free_memory, single_threaded, where, worker_identity
 from posttrain.rl.types import TrainBatch, UpdateStats, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
 
@@ -75,9 +75,11 @@ def warmup_scale(version: int, warmup_steps: int) -> float:
 
 
 class PolicyWorker:
-    def __init__(self, model_dir: str, cfg: RLConfig, rank: int, world_size: int, model_cfg: ModelConfig | None = None):
-        """`model_cfg` supplies dtype and gradient_checkpointing (default: ModelConfig(), fp32, off)."""
-        single_threaded()
+    def __init__(self, model_dir: str, cfg: RLConfig, rank: int, world_size: int, model_cfg: ModelConfig | None = None,
+                 threads: int = 1):
+        """`model_cfg` supplies dtype and gradient_checkpointing (default: ModelConfig(), fp32, off); `threads`
+        torch's intra-op threads (placement.torch_threads)."""
+        single_threaded(threads)
         self.cfg, self.rank, self.world = cfg, rank, world_size
         self.model_cfg = model_cfg or ModelConfig()
         self.id = worker_identity("policy", rank, world_size)
@@ -208,6 +210,7 @@ class PolicyWorker:
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         self.version += 1
+        release_free_memory()
         return {**sums, "grad_norm": grad_norm, "version": self.version, "drift": drift, "applied": True,
                 "stopped": "", "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
 

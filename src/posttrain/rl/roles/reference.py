@@ -20,9 +20,10 @@ from posttrain.rl.types import LogProbs, Trajectories, WorkerId
 
 class ReferenceWorker:
     def __init__(self, model_dir: str, rank: int, world_size: int, cfg: RLConfig | None = None,
-                 model_cfg: ModelConfig | None = None):
-        """`cfg` supplies top_p/top_k (default: none), `model_cfg` the dtype (default fp32)."""
-        single_threaded()
+                 model_cfg: ModelConfig | None = None, threads: int = 1):
+        """`cfg` supplies top_p/top_k (default: none), `model_cfg` the dtype (default fp32), `threads` torch's
+        intra-op threads (placement.torch_threads)."""
+        single_threaded(threads)
         self.cfg, model_cfg = cfg or RLConfig(), model_cfg or ModelConfig()
         self.device = local_device()
         self.model = load_model(model_dir, device=self.device, dtype=model_cfg.dtype)
