@@ -3,7 +3,7 @@
     .venv/bin/python bench/rl_memory.py                     # small_instruct_cpu, SmolLM2-135M-Instruct, 3 steps
     .venv/bin/python bench/rl_memory.py --steps 2 --overrides '{"rl": {"kl_coef": 0.02}}'
 
-Runs `run_rl` with the `small_instruct_cpu` recipe (default placement: 2 policy ranks, 1 rollout worker; the
+Runs `run_rl` with the `small_instruct_cpu` recipe (its placement: 1 policy rank and 1 rollout worker at 2 torch threads; the
 reference role only when rl.kl_coef > 0) on the SmolLM2-135M-Instruct folder that `make real-model` builds,
 on a local Ray started here, and samples every process of this process tree (the driver, Ray's own
 processes, every role actor and the reward function's child process) twice a second. Memory is PSS
@@ -30,6 +30,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SHM_GLOB = "posttrain-weights-*"
 """Policy -> rollout weight files in shared memory (posttrain.rl.weight_transfer): RAM that no process's PSS
+shows unless it has the file mapped (a rollout worker reading it does), so the sampler adds the part of their
+size that no process maps (size - the PSS of every mapping of them) as a row of its own. Counted once either way.
 shows unless it has the file mapped, so the sampler adds their size as a row of its own."""
 
 ROLES = (("PolicyWorker", "policy"), ("RolloutWorker", "rollout"), ("ReferenceWorker", "reference"),
@@ -66,6 +68,21 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def shm_mapped_kib(pid: int) -> int:
+    """PSS of this process's mappings of the shared-memory weight files (already inside its own PSS)."""
+    total, inside = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:  # a mapping's header line
+                    inside = "posttrain-weights-" in line
+                elif inside and line.startswith("Pss:"):
+                    total += int(line.split()[1])
+    except OSError:
+        pass
+    return total
+
+
 def pss_kib(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
@@ -92,14 +109,16 @@ class Sampler(threading.Thread):
         while not self.stop.is_set():
             by_role: dict[str, int] = defaultdict(int)
             pids = descendants(os.getpid())
+            mapped = 0
             for pid in pids:
                 try:
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 except OSError:
                     continue
                 by_role[role_of(pid, cmd)] += pss_kib(pid)
-            by_role["weight files in shared memory"] = sum(f.stat().st_size for root in SHM_ROOTS
-                                                           for f in root.glob(f"{SHM_GLOB}/*") if f.is_file()) // 1024
+                mapped += shm_mapped_kib(pid)
+            files = sum(f.stat().st_size for root in SHM_ROOTS for f in root.glob(f"{SHM_GLOB}/*") if f.is_file())
+            by_role["weight files in shared memory (unmapped part)"] = max(0, files // 1024 - mapped)
             total = sum(by_role.values())
             if self.timeline:
                 self.timeline.write(json.dumps({"t": round(time.perf_counter() - self.t0, 2), **by_role}) + "\n")
