@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from flytekit import task
+from flytekit import current_context, task
 
 from images.specs import cpu_image
 from posttrain.config import (
@@ -35,7 +35,8 @@ def plan(recipe: str, overrides: str, run_id: str) -> Plan:
     from posttrain.runtime import new_run_id
 
     cfg = resolve(recipe, overrides)
-    settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers)
+    local = current_context().execution_id.name == "local"  # every local execution is named so
+    settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers, local=local)
     rid = run_id or new_run_id()
     print(f"plan: run {rid}, recipe {cfg.name}")
     return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking,

@@ -21,13 +21,19 @@ RAY_ROLLOUT_REPLICAS = int(os.environ.get("POSTTRAIN_RAY_ROLLOUT_REPLICAS", "1")
 """Replicas of the Ray `rollout` worker group: must equal `placement.rollout_workers`."""
 
 
-def check_against(sft_nproc: int, policy_workers: int, rollout_workers: int) -> None:
-    """Raise a ConfigError naming the field when the runtime config disagrees with the task definitions."""
+def check_against(sft_nproc: int, policy_workers: int, rollout_workers: int, *, local: bool = False) -> None:
+    """Raise a ConfigError naming the field when the runtime config disagrees with the task definitions.
+
+    `local` (Flyte local execution): Elastic really starts `nproc_per_node` processes, so sft.nproc is checked;
+    the Ray worker groups are not - local execution runs one local Ray and ignores them (any
+    placement.*_workers fit it, and the placement plan sizes actors to its CPUs)."""
     from posttrain.config import ConfigError
 
     if sft_nproc != SFT_NPROC:
         raise ConfigError(f"sft.nproc: is {sft_nproc} but the SFT task was defined with nproc_per_node="
                           f"{SFT_NPROC}; set POSTTRAIN_SFT_NPROC={sft_nproc} (or change sft.nproc)")
+    if local:
+        return
     if policy_workers != RAY_TRAIN_REPLICAS:
         raise ConfigError(f"placement.policy_workers: is {policy_workers} but the RL task's `train` worker group "
                           f"has {RAY_TRAIN_REPLICAS} replicas; set POSTTRAIN_RAY_TRAIN_REPLICAS={policy_workers}")

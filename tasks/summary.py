@@ -59,9 +59,11 @@ def summarize(run_id: str, dataset: ArtifactRef, sft_model: ArtifactRef, sft_eva
                 f"  pass@k {_fmt(m.get('pass_at_k'))}"
                 + (f"  ({failed}/{m.get('reward_calls')} reward calls failed)" if failed else ""))
 
+    # with sft.enabled false the first model is the one RL started from (a base folder or a model artifact)
+    first = "SFT model  " if store.manifest(sft_model.id).extra.get("stage") == "sft" else "start model"
     lines = [f"run {run_id}  (store: {store.root})",
              f"  dataset     {dataset.id[:12]}",
-             f"  SFT model   {sft_model.id[:12]}   eval {sft_eval.id[:12]}: {scores(sm)}  ({sm['num_problems']} problems)"]
+             f"  {first} {sft_model.id[:12]}   eval {sft_eval.id[:12]}: {scores(sm)}  ({sm['num_problems']} problems)"]
     if rm:
         lines.append(f"  RL model    {rl_model.id[:12]}   eval {rl_eval.id[:12]}: {scores(rm)}")
         lines.append(f"  RL change   greedy {rm['greedy_accuracy'] - sm['greedy_accuracy']:+.3f}"

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(1800)]
 
 
 def test_pipeline_without_sft_runs_rl_from_the_base_folder_and_lineage_reaches_it(tmp_path, monkeypatch, ray_local,
-                                                                                    tiny_sft_model):
+                                                                                    tiny_sft_model, capfd):
     # ray_local first: the Flyte Ray task's pre_execute reuses the session's Ray (ignore_reinit_error) - if it
     # started one itself, it would be sized to this machine's cores and stay up for the later Ray tests, which
     # are written for ray_local's 4 logical CPUs.
@@ -35,6 +35,8 @@ def test_pipeline_without_sft_runs_rl_from_the_base_folder_and_lineage_reaches_i
         "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4, "checkpoint_every": 0},
     })
     s = pipeline(recipe="tiny_cpu", overrides=overrides, run_id="from-base")
+    printed = capfd.readouterr().out
+    assert f"start model {s.sft_model_id[:12]}" in printed and "SFT model" not in printed  # the summary's label
     store = ArtifactStore(str(home))
     base = store.manifest(s.sft_model_id)  # SFT skipped: the model evaluated first is the base folder's artifact
     assert base.kind == "model" and base.extra == {"stage": "base"} and base.config == {"base_path": str(folder)}

@@ -1,0 +1,19 @@
+"""The plan's check of the runtime config against settings fixed when tasks are defined (tasks/settings.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.config import ConfigError
+from tasks import settings
+
+
+def test_ray_worker_groups_are_checked_on_a_cluster_but_not_in_local_execution():
+    n, train = settings.SFT_NPROC, settings.RAY_TRAIN_REPLICAS
+    settings.check_against(n, train + 1, 5, local=True)  # one local Ray: worker groups are ignored there
+    with pytest.raises(ConfigError, match="placement.policy_workers.*POSTTRAIN_RAY_TRAIN_REPLICAS"):
+        settings.check_against(n, train + 1, settings.RAY_ROLLOUT_REPLICAS, local=False)
+    with pytest.raises(ConfigError, match="placement.rollout_workers"):
+        settings.check_against(n, train, settings.RAY_ROLLOUT_REPLICAS + 1, local=False)
+    with pytest.raises(ConfigError, match="sft.nproc.*POSTTRAIN_SFT_NPROC"):  # Elastic starts them locally too
+        settings.check_against(n + 1, train, settings.RAY_ROLLOUT_REPLICAS, local=True)
