@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
 
@@ -26,24 +25,6 @@ def worker_identity(role: str, rank: int, world_size: int) -> WorkerId:
 def single_threaded(threads: int = 1) -> None:
     """torch intra-op threads for this worker: 1 unless placement.torch_threads says otherwise."""
     torch.set_num_threads(max(1, int(threads)))
-
-
-def release_free_memory() -> None:
-    """Give the C heap's free pages back to the OS (glibc `malloc_trim(0)`; a no-op elsewhere). A policy update
-    frees hundreds of MB of activations and logits in pieces below glibc's mmap threshold, which stay in the
-    process's heap, counted in its memory, until trimmed; measured with bench/rl_memory.py."""
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL("libc.so.6")
-            _libc.malloc_trim  # noqa: B018 - glibc only
-        except (OSError, AttributeError):
-            _libc = False
-    if _libc:
-        _libc.malloc_trim(0)
-
-
-_libc = None
 
 
 def where() -> dict:

@@ -62,7 +62,7 @@ from posttrain.models.io import (
 from posttrain.rl import dispatch, weight_transfer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import release_free_memory, single_threaded, where, worker_identity
+from posttrain.rl.roles.common import single_threaded, where, worker_identity
 from posttrain.rl.types import TrainBatch, UpdateStats, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
 
@@ -210,7 +210,6 @@ class PolicyWorker:
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
         self.version += 1
-        release_free_memory()
         return {**sums, "grad_norm": grad_norm, "version": self.version, "drift": drift, "applied": True,
                 "stopped": "", "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
 
