@@ -2,6 +2,10 @@
 
     .venv/bin/python bench/default_seeds.py                      # seeds 0 1 2, tiny_cpu, fresh store per run
     .venv/bin/python bench/default_seeds.py --seeds 0 1 2 3 --recipe tiny_cpu --overrides '{"rl": {"lr": 1e-4}}'
+    .venv/bin/python bench/default_seeds.py --write-readme      # also rewrite the README's table with this run
+
+`--write-readme` replaces the README block between `<!-- default_seeds:begin -->` and `<!-- default_seeds:end -->`
+with this run's table, spread, command, commit and load average (the README figures are never typed by hand).
 
 For each seed s it runs `make run`'s job (`pyflyte run workflows/pipeline.py pipeline`) in a subprocess with
 every seed of the run set to s - data generation and split, weight init, SFT data order, RL prompt order and
@@ -54,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe", default="tiny_cpu")
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's overrides")
     ap.add_argument("--home", default="", help="artifact store to use (default: a fresh temporary one per seed)")
+    ap.add_argument("--write-readme", action="store_true", help="replace the README's seed table with this run's")
     args = ap.parse_args(argv)
     extra = json.loads(args.overrides)
     rows = []
@@ -66,18 +71,50 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
     load = os.getloadavg()
     print(f"\nrecipe {args.recipe}, overrides {json.dumps(extra)}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print("| seed | SFT greedy | SFT sampled | RL greedy | RL sampled | change greedy | change sampled | wall |")
-    print("|---|---|---|---|---|---|---|---|")
+    block = table(rows, argv if argv is not None else sys.argv[1:], load)
+    print(block)
+    if args.write_readme:
+        write_readme(ROOT / "README.md", block)
+        print(f"wrote the table into {ROOT / 'README.md'}")
+    return 0
+
+
+BEGIN, END = "<!-- default_seeds:begin -->", "<!-- default_seeds:end -->"
+
+
+def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -> str:
+    """The README block: one row per seed, the spread of the RL change, and how to reproduce it."""
+    lines = ["| seed | SFT greedy | SFT sampled | RL greedy | RL sampled | change greedy | change sampled | wall |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        print(f"| {r['seed']} | {r['sft_greedy_accuracy']:.3f} | {r['sft_sampled_accuracy']:.3f} | "
-              f"{r['rl_greedy_accuracy']:.3f} | {r['rl_sampled_accuracy']:.3f} | {r['d_greedy']:+.3f} | "
-              f"{r['d_sampled']:+.3f} | {r['wall_s'] / 60:.1f} min |")
+        lines.append(f"| {r['seed']} | {r['sft_greedy_accuracy']:.3f} | {r['sft_sampled_accuracy']:.3f} | "
+                     f"{r['rl_greedy_accuracy']:.3f} | {r['rl_sampled_accuracy']:.3f} | {r['d_greedy']:+.3f} | "
+                     f"{r['d_sampled']:+.3f} | {r['wall_s'] / 60:.1f} min |")
+    spread = []
     for key, label in (("d_greedy", "greedy"), ("d_sampled", "sampled")):
         v = [r[key] for r in rows]
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
-        print(f"RL change, {label}: mean {statistics.mean(v):+.3f}, min {min(v):+.3f}, max {max(v):+.3f}, "
-              f"std {sd:.3f} over {len(v)} seeds")
-    return 0
+        spread.append(f"{label} mean {statistics.mean(v):+.3f} (min {min(v):+.3f}, max {max(v):+.3f}, std {sd:.3f})")
+    command = " ".join(["bench/default_seeds.py", *[a for a in argv if a != "--write-readme"]])
+    lines += ["", (f"RL change over the {len(rows)} seeds: {'; '.join(spread)}. Wall time is the whole `pyflyte run` "
+                   f"(data prep, SFT, two evaluations, RL) with the install done; `make run` is seed 0. Command: "
+                   f"`.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load average "
+                   f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).")]
+    return "\n".join(lines)
+
+
+def write_readme(readme: Path, block: str) -> None:
+    text = readme.read_text()
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise SystemExit(f"{readme}: needs exactly one {BEGIN} ... {END} block to replace")
+    head, rest = text.split(BEGIN)
+    readme.write_text(head + BEGIN + "\n" + block + "\n" + END + rest.split(END, 1)[1])
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
+                         check=False)
+    return out.stdout.strip() or "unknown"
 
 
 if __name__ == "__main__":
