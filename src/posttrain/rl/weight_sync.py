@@ -46,7 +46,7 @@ def weights_checksum(named_tensors: Mapping[str, torch.Tensor]) -> str:
 
 def add_to_checksum(h: hashlib._Hash, name: str, tensor: torch.Tensor) -> None:
     """One tensor's share of `weights_checksum`; fed in sorted name order it gives the same digest. For an
-    engine that hashes its tensors while it streams them in (posttrain.models.vllm_engine)."""
+    engine that hashes its tensors while it streams them in (posttrain.rl.roles.rollout_vllm)."""
     t = tensor.detach().to("cpu", torch.float32).contiguous()
     h.update(name.encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
     h.update(t.numpy().tobytes())

@@ -22,7 +22,7 @@ def worker_identity(role: str, rank: int, world_size: int) -> WorkerId:
     return WorkerId(role=role, rank=rank, world_size=world_size, node=node, pid=os.getpid())
 
 
-def single_threaded(threads: int = 1) -> None:
+def set_torch_threads(threads: int = 1) -> None:
     """torch intra-op threads for this worker: 1 unless placement.torch_threads says otherwise."""
     torch.set_num_threads(max(1, int(threads)))
 

@@ -62,7 +62,7 @@ from posttrain.models.io import (
 from posttrain.rl import dispatch, weight_transfer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, where, worker_identity
+from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.types import TrainBatch, UpdateStats, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
 
@@ -79,7 +79,7 @@ class PolicyWorker:
                  threads: int = 1):
         """`model_cfg` supplies dtype and gradient_checkpointing (default: ModelConfig(), fp32, off); `threads`
         torch's intra-op threads (placement.torch_threads)."""
-        single_threaded(threads)
+        set_torch_threads(threads)
         self.cfg, self.rank, self.world = cfg, rank, world_size
         self.model_cfg = model_cfg or ModelConfig()
         self.id = worker_identity("policy", rank, world_size)

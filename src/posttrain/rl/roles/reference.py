@@ -14,7 +14,7 @@ from posttrain.models.generate import sequence_logprobs
 from posttrain.models.io import load_model, load_tokenizer, local_device
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, where, worker_identity
+from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.types import LogProbs, Trajectories, WorkerId
 
 
@@ -23,7 +23,7 @@ class ReferenceWorker:
                  model_cfg: ModelConfig | None = None, threads: int = 1):
         """`cfg` supplies top_p/top_k (default: none), `model_cfg` the dtype (default fp32), `threads` torch's
         intra-op threads (placement.torch_threads)."""
-        single_threaded(threads)
+        set_torch_threads(threads)
         self.cfg, model_cfg = cfg or RLConfig(), model_cfg or ModelConfig()
         self.device = local_device()
         self.model = load_model(model_dir, device=self.device, dtype=model_cfg.dtype)

@@ -16,13 +16,13 @@ from posttrain.config import RewardConfig
 from posttrain.rewards import RewardSample, RewardScorer
 from posttrain.rl.dispatch import split_even
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, where, worker_identity
+from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.types import Rewards, Trajectories, WorkerId
 
 
 class RewardWorker:
     def __init__(self, reward_cfg: RewardConfig, rank: int, world_size: int):
-        single_threaded()
+        set_torch_threads()
         self.id = worker_identity("reward", rank, world_size)
         self.scorer = RewardScorer(reward_cfg)  # a bad name, path or import fails here, before any step
 

@@ -21,7 +21,7 @@ from posttrain.models.io import eos_token_ids, load_model, load_tokenizer, local
 from posttrain.rl import weight_transfer
 from posttrain.rl.dispatch import split_even
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.common import single_threaded, where, worker_identity
+from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.types import PromptBatch, Trajectories, WeightReport, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
 
@@ -88,7 +88,7 @@ class RolloutWorker:
     def __init__(self, model_dir: str, rank: int, world_size: int, version: int = 0,
                  model_cfg: ModelConfig | None = None, backend: RolloutBackend | str = RolloutBackend.TRANSFORMERS,
                  threads: int = 1):
-        single_threaded(threads)
+        set_torch_threads(threads)
         self.engine = make_engine(backend, model_dir, model_cfg)
         self.id = worker_identity("rollout", rank, world_size)
         self.version = version
