@@ -55,7 +55,7 @@ def tiny_cpu() -> PipelineConfig:
         eval=EvalConfig(num_problems=500, k=4, temperature=1.0, max_new_tokens=8),
         rl=RLConfig(steps=100, prompts_per_step=128, samples_per_prompt=8, max_new_tokens=8, lr=5e-5,
                     warmup_steps=10, inner_epochs=1, checkpoint_every=50),
-        placement=PlacementConfig(policy_workers=2, rollout_workers=1),
+        placement=PlacementConfig(policy_workers=2, rollout_workers=1, rollout_threads=2),
     )
 
 

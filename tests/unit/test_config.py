@@ -67,6 +67,7 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"eval": {"k": -1}}', "eval.k"),
     ('{"placement": {"policy_workers": 0}}', "placement.policy_workers"),
     ('{"placement": {"torch_threads": 0}}', "placement.torch_threads"),
+    ('{"placement": {"rollout_threads": -1}}', "placement.rollout_threads"),
     ('{"rl": {"prompts_per_step": 1, "samples_per_prompt": 2}, "placement": {"policy_workers": 4}}',
      "rl.prompts_per_step"),
     ('{"sft": {"stepz": 3}}', "sft"),
@@ -127,3 +128,10 @@ def test_type_engine_round_trip_of_whole_pipeline_and_optional_handle():
 def test_file_data_config_round_trips_with_its_list():
     d = DataConfig(task="", files=["a.jsonl", "b.jsonl"])
     assert _roundtrip(d, DataConfig).files == ["a.jsonl", "b.jsonl"]
+
+
+def test_generation_threads_default_to_torch_threads():
+    from posttrain.config import PlacementConfig
+
+    assert PlacementConfig(torch_threads=3).generation_threads == 3
+    assert PlacementConfig(torch_threads=1, rollout_threads=2).generation_threads == 2

@@ -84,3 +84,40 @@ def test_evaluation_metrics(tmp_path, tiny_sft_model):
                            EvalConfig(num_problems=100, k=0, max_new_tokens=8))
     assert greedy_only.greedy_accuracy == r.greedy_accuracy  # greedy does not depend on k
     assert greedy_only.sampled_accuracy is None and greedy_only.pass_at_k is None
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_batched_response_logits_and_gradients_equal_each_row_alone(attn):
+    """Left-padded prompts, right-padded responses, logits for the response columns only: the same log-probs
+    and the same weight gradients as each row run alone without padding (a NaN from a fully masked padding
+    row, or a position off by one, would show here)."""
+    from posttrain.models.generate import forward_response_logits, token_logprobs
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=64, pad_token_id=0, eos_token_id=1, attn_implementation=attn)
+    m = LlamaForCausalLM(cfg).train()
+    prompts, responses = [[3, 4, 5], [6], [8, 9, 10, 11, 12]], [[7, 8, 1], [9, 10, 11, 12, 1], [13]]
+
+    seen = []
+    hook = m.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape[1]))
+    logits, targets, mask = forward_response_logits(m, prompts, responses, pad_id=0)
+    hook.remove()
+    assert seen == [5] and logits.shape[:2] == (3, 5)  # the head ran on the 5 response columns only
+    lp = token_logprobs(logits, targets, 1.0)
+    (lp * mask).sum().backward()
+    batched = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+
+    alone = []
+    for p, r in zip(prompts, responses):
+        out = m(input_ids=torch.tensor([p + r[:-1]]), use_cache=False).logits[0, len(p) - 1:]
+        x = token_logprobs(out, torch.tensor(r), 1.0)
+        x.sum().backward()
+        alone.append(x.detach())
+    for i, x in enumerate(alone):
+        assert torch.allclose(lp[i, :len(x)].detach(), x, atol=1e-5)
+        assert not mask[i, len(x):].any()
+    for n, p in m.named_parameters():
+        assert torch.isfinite(batched[n]).all(), n
+        assert torch.allclose(batched[n], p.grad, atol=1e-5), n

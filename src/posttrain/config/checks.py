@@ -144,6 +144,7 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
     _check(p.reference_workers >= 1, "placement.reference_workers", "must be >= 1")
     _check(p.reward_workers >= 1, "placement.reward_workers", "must be >= 1")
     _check(p.torch_threads >= 1, "placement.torch_threads", "must be >= 1")
+    _check(p.rollout_threads >= 0, "placement.rollout_threads", "must be >= 0 (0: the same as torch_threads)")
     _check(p.gpus_per_worker >= 0, "placement.gpus_per_worker", "must be >= 0")
     batch = r.prompts_per_step * r.samples_per_prompt
     _check(batch >= p.policy_workers, "rl.prompts_per_step",

@@ -25,6 +25,7 @@ cannot change the argmax).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -137,8 +138,9 @@ def _generate_batch(model, prompts, max_new_tokens, sp: _Sampling, pad_id, gen, 
     ids, mask = ids.to(device), mask.to(device)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
     cache = DynamicCache()
+    last = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}  # the prompt's other logits are unused
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                   use_cache=True).logits[:, -1]  # (B, V)
+                   use_cache=True, **last).logits[:, -1]  # (B, V)
     next_pos = pos[:, -1:] + 1
     tokens, logps = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -173,27 +175,40 @@ def _generate_batch(model, prompts, max_new_tokens, sp: _Sampling, pad_id, gen, 
 
 def forward_response_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
     """Teacher-forced logits for each response token. Returns (logits (B, R, V), targets (B, R), mask (B, R))
-    with R the longest response; right padding (padded positions are masked out by length, never by id)."""
+    with R the longest response; the mask comes from lengths, never from token ids.
+
+    Layout: prompts left-padded so every response starts at the same column P, responses right-padded to R,
+    position ids counting real tokens only (as `generate` lays out its batch). The logits predicting the
+    response tokens are then the last R columns of the input for every row, so the model is asked for those
+    alone (`logits_to_keep`): the output projection runs on R positions instead of P + R - with a 49k-token
+    vocabulary and ~190-token prompts that is 4x less logits memory and ~15 % less compute in the policy's
+    forward and backward. The last response column is never an input (it is only a target)."""
     device = next(model.parameters()).device
     B = len(prompt_ids)
-    seqs = [p + r for p, r in zip(prompt_ids, response_ids)]
-    T = max(len(s) for s in seqs)
+    P = max(len(p) for p in prompt_ids)
     R = max(max(len(r) for r in response_ids), 1)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    att = torch.zeros((B, T), dtype=torch.long)
-    gather_idx = torch.zeros((B, R), dtype=torch.long)
+    ids = torch.full((B, P + R - 1), pad_id, dtype=torch.long)
+    att = torch.zeros((B, P + R - 1), dtype=torch.long)
     targets = torch.full((B, R), pad_id, dtype=torch.long)
     rmask = torch.zeros((B, R), dtype=torch.bool)
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
-        att[i, :len(p) + len(r)] = 1
-        gather_idx[i, :len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
+        seq = (p + r)[: len(p) + R - 1]
+        ids[i, P - len(p): P - len(p) + len(seq)] = torch.tensor(seq)
+        att[i, P - len(p): P - len(p) + len(seq)] = 1
         targets[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         rmask[i, :len(r)] = True
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    kwargs = {"logits_to_keep": R} if _takes_logits_to_keep(model) else {}
     # use_cache=False: a training-mode forward would otherwise build a KV cache nobody reads
-    logits = model(input_ids=ids.to(device), attention_mask=att.to(device), use_cache=False).logits  # (B, T, V)
-    idx = gather_idx.to(device)[..., None].expand(-1, -1, logits.shape[-1])
-    return logits.gather(1, idx), targets.to(device), rmask.to(device)
+    logits = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
+                   use_cache=False, **kwargs).logits[:, -R:]  # (B, R, V)
+    return logits, targets.to(device), rmask.to(device)
+
+
+def _takes_logits_to_keep(model) -> bool:
+    """Whether the model's forward accepts `logits_to_keep` (HF causal LMs do; DDP wraps the model as .module)."""
+    inner = getattr(model, "module", model)
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 @torch.no_grad()

@@ -124,15 +124,18 @@ def default_workers() -> dict[str, type]:
 
 
 def _role_actors(plan, pgs: dict, workers: dict[str, type], *, model_dir: str, rl_cfg: RLConfig,
-                 reward_cfg: RewardConfig, model_cfg: ModelConfig | None, threads: int = 1) -> dict[str, list]:
-    """Every role's actors, in their placement-group bundles: role -> handles in rank order. `threads`: torch
-    intra-op threads of the rollout, reference and policy workers (placement.torch_threads)."""
+                 reward_cfg: RewardConfig, model_cfg: ModelConfig | None,
+                 placement_cfg: PlacementConfig) -> dict[str, list]:
+    """Every role's actors, in their placement-group bundles: role -> handles in rank order. torch intra-op
+    threads: placement.torch_threads in policy ranks, placement.generation_threads in rollout and reference
+    workers."""
     n = {r: len(p.bundle_indices) for r, p in plan.roles.items()}
+    gen, train = placement_cfg.generation_threads, placement_cfg.torch_threads
     init_args = {  # role -> constructor arguments of its rank-th worker
-        "rollout": lambda rank: (model_dir, rank, n["rollout"], 0, model_cfg, rl_cfg.rollout_backend, threads),
+        "rollout": lambda rank: (model_dir, rank, n["rollout"], 0, model_cfg, rl_cfg.rollout_backend, gen),
         "reward": lambda rank: (reward_cfg, rank, n["reward"]),
-        "reference": lambda rank: (model_dir, rank, n["reference"], rl_cfg, model_cfg, threads),
-        "policy": lambda rank: (model_dir, rl_cfg, rank, n["policy"], model_cfg, threads),
+        "reference": lambda rank: (model_dir, rank, n["reference"], rl_cfg, model_cfg, gen),
+        "policy": lambda rank: (model_dir, rl_cfg, rank, n["policy"], model_cfg, train),
     }
     return {role: pl.create_role_actors(workers[role], p, pgs, init_args[role]) for role, p in plan.roles.items()}
 
@@ -178,7 +181,7 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
     try:
         pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
         handles = _role_actors(plan, pgs, workers, model_dir=model_dir, rl_cfg=cfg, reward_cfg=reward_cfg,
-                               model_cfg=model_cfg, threads=placement_cfg.torch_threads)
+                               model_cfg=model_cfg, placement_cfg=placement_cfg)
         actors = [h for hs in handles.values() for h in hs]
         spec = RunSpec(rl_cfg=cfg, reward_cfg=reward_cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg, max_seq_len=max_seq_len,
                        start_model_dir=model_dir, dataset_dir=str(dataset_dir), store_root=str(store_root),
