@@ -122,12 +122,14 @@ def run_trl(recipe, rl_cfg, store, model_ref, ds_ref, threads: int) -> dict:
         (Path(tmp) / "in.json").write_text(json.dumps(spec))
         env = {**os.environ, "PYTHONPATH": str(site), "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}  # no hub here; TRL pings telemetry otherwise
+        t0 = time.perf_counter()  # the process end to end: imports, model load, trainer set-up, train, save
         subprocess.run([str(ROOT / ".venv/bin/python"), str(ROOT / "bench/rl_trl.py"), f"{tmp}/in.json",
                         f"{tmp}/out.json"], cwd=ROOT, env=env, check=True)
+        total = time.perf_counter() - t0
         out = json.loads((Path(tmp) / "out.json").read_text())
         ref = store.put("model", "trl-grpo", Path(tmp) / "model", run_id="bench-rl-trl",
                         parents=[model_ref.id, ds_ref.id], config={"rl": to_dict(rl_cfg), "trainer": "trl"})
-    return {"model": ref, "wall_s": out["wall_s"], "total_s": out["wall_s"], "step_s": out["step_s"],
+    return {"model": ref, "wall_s": out["wall_s"], "total_s": total, "step_s": out["step_s"],
             "tokens": out["generated_tokens"], "reward_mean": out["reward_mean"], "versions": out["versions"],
             "torch_threads": out["torch_threads"]}
 
