@@ -35,66 +35,27 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings: rl_engines, rl_vs_trl
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings: rl_runs, rl_engines, rl_vs_trl
+
+from rl_runs import build_inputs, local_ray, run_steps
 
 SECTIONS = ("placement", "engines", "trl")
 
 
-def build_inputs(root: Path, recipe) -> tuple[Path, Path]:
-    """A small addition dataset, its tokenizer and a from-scratch model of the recipe's size."""
-    from posttrain.data.prepare import prepare_dataset
-    from posttrain.models.io import save_model
-    from posttrain.models.tiny import build_model
-    from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
-
-    data = replace(recipe.data, num_examples=3000, eval_size=100)
-    prepare_dataset(data, root / "dataset")
-    tok = train_tokenizer(tokenizer_training_texts(root / "dataset"), data.tokenizer.vocab_size, root / "tokenizer")
-    save_model(build_model(recipe.model, tok), tok, root / "model")
-    return root / "model", root / "dataset"
-
-
 def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path, steps: int) -> dict:
-    from posttrain.artifacts import ArtifactStore
-    from posttrain.config import TrackingConfig
-    from posttrain.rl.run import run_rl
-
-    store = ArtifactStore(root / "store")
-    m = store.put("model", "start", model_dir, run_id="bench", parents=[], config={})
-    d = store.put("dataset", "data", dataset_dir, run_id="bench", parents=[], config={})
-    cfg = replace(recipe.rl, steps=steps, checkpoint_every=0, kl_coef=0.01)  # kl > 0: all four roles run
-    t0 = time.perf_counter()
-    res = run_rl(rl_cfg=cfg, reward_cfg=recipe.reward, placement_cfg=replace(recipe.placement, mode=mode), max_seq_len=recipe.model.max_seq_len,
-                 tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=10**6), start_model_dir=model_dir,
-                 dataset_dir=dataset_dir, store_root=str(store.root), run_id=f"bench-{mode.value}",
-                 parents=[m.id, d.id], state_dir=root / f"state-{mode.value}", start_model_id=m.id)
-    total = time.perf_counter() - t0
-    h = res.history[1:] or res.history
-    mean = lambda xs: statistics.fmean(xs)
+    cfg = replace(recipe.rl, steps=steps, kl_coef=0.01)  # kl > 0: all four roles run
+    h, total = run_steps(recipe, cfg, replace(recipe.placement, mode=mode), model_dir, dataset_dir, root, mode.value)
+    mean = statistics.fmean
     return {"mode": mode.value, "total_s": total, "step_s": mean([x.step_s for x in h]),
             "tok_s": mean([x.generated_tokens_per_s for x in h]),
             "overhead": mean([x.orchestration_overhead for x in h]),
             **{f"{k}_s": mean([x.phase_s.get(k, 0.0) for x in h]) for k in ("rollout", "drift", "reward", "reference",
                                                                            "update", "sync")}}
-
-
-@contextmanager
-def local_ray():
-    """One local Ray for a section (run_rl reuses it), quiet workers, one logical CPU per core."""
-    import ray
-
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def placement_section(steps: int) -> None:
@@ -126,7 +87,7 @@ def engines_section(models: list[str], steps: int) -> None:
     import rl_engines
 
     with local_ray():
-        results = rl_engines.bench(models, steps, build_inputs)
+        results = rl_engines.bench(models, steps)
     for label, rows in results:
         print(f"\n## engines: {label}, {steps} RL steps (first left out)")
         print("| engine | rollout tokens/s | rollout s | step s | run s (incl. start-up) |")

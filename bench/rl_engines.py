@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
+
+from rl_runs import build_inputs, run_steps
 
 
 def smollm2_inputs(recipe, root: Path) -> tuple[Path, Path] | None:
@@ -29,28 +30,16 @@ def smollm2_inputs(recipe, root: Path) -> tuple[Path, Path] | None:
 
 
 def run_engine(recipe, backend, steps: int, model_dir: Path, dataset_dir: Path, root: Path) -> dict:
-    from posttrain.artifacts import ArtifactStore
-    from posttrain.config import TrackingConfig
-    from posttrain.rl.run import run_rl
-
-    store = ArtifactStore(root / "store")
-    m = store.put("model", "start", model_dir, run_id="bench", parents=[], config={})
-    d = store.put("dataset", "data", dataset_dir, run_id="bench", parents=[], config={})
-    cfg = replace(recipe.rl, steps=steps, checkpoint_every=0, rollout_backend=backend)
-    t0 = time.perf_counter()
-    res = run_rl(rl_cfg=cfg, reward_cfg=recipe.reward, model_cfg=recipe.model, placement_cfg=recipe.placement,
-                 max_seq_len=recipe.model.max_seq_len, tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=1),
-                 start_model_dir=model_dir, dataset_dir=dataset_dir, store_root=str(store.root),
-                 run_id=f"bench-{backend.value}", parents=[m.id, d.id], state_dir=root / f"state-{backend.value}",
-                 start_model_id=m.id)
-    h = res.history[1:] or res.history
+    cfg = replace(recipe.rl, steps=steps, rollout_backend=backend)
+    h, total = run_steps(recipe, cfg, recipe.placement, model_dir, dataset_dir, root, backend.value,
+                         model_cfg=recipe.model)
     return {"engine": backend.value, "tok_s": statistics.fmean(x.generated_tokens_per_s for x in h),
             "rollout_s": statistics.fmean(x.phase_s["rollout"] for x in h),
-            "step_s": statistics.fmean(x.step_s for x in h), "total_s": time.perf_counter() - t0}
+            "step_s": statistics.fmean(x.step_s for x in h), "total_s": total}
 
 
-def bench(models: list[str], steps: int, build_tiny) -> list[tuple[str, list[dict]]]:
-    """[(model label, rows per engine)]; `build_tiny(root, recipe)` -> (model dir, dataset dir)."""
+def bench(models: list[str], steps: int) -> list[tuple[str, list[dict]]]:
+    """[(model label, rows per engine)]."""
     from posttrain.config import RolloutBackend
     from posttrain.config.checks import vllm_installed
     from posttrain.recipes import small_instruct_cpu, tiny_cpu
@@ -66,7 +55,7 @@ def bench(models: list[str], steps: int, build_tiny) -> list[tuple[str, list[dic
         recipe = tiny_cpu() if name == "tiny" else small_instruct_cpu()
         with tempfile.TemporaryDirectory(prefix=f"bench-rl-engines-{name}-") as tmp:
             root = Path(tmp)
-            inputs = build_tiny(root, recipe) if name == "tiny" else smollm2_inputs(recipe, root)
+            inputs = build_inputs(root, recipe) if name == "tiny" else smollm2_inputs(recipe, root)
             if inputs is None:
                 print(f"engines: SmolLM2 skipped - no safetensors in {recipe.model.base_path} (run `make real-model`)")
                 continue

@@ -46,32 +46,17 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def main(in_path: str, out_path: str) -> int:
-    import importlib.metadata as md
+def grpo_config(spec: dict):
+    """TRL's GRPOConfig doing the project's step: one generation batch of P x N completions, one optimizer step."""
+    from trl import GRPOConfig
 
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from posttrain.data.verifiers import score
-    from posttrain.models.io import load_model, load_tokenizer, save_model
-
-    spec = json.loads(Path(in_path).read_text())
-    rl, prompts = spec["rl"], spec["prompts"]
-    torch.set_num_threads(spec["threads"])
-    tok = load_tokenizer(spec["model_dir"])
-    model = load_model(spec["model_dir"])
-    for p in prompts:  # TRL tokenizes a text prompt with processing_class(text=...): it must give the same ids
-        if tok(text=p["text"])["input_ids"] != p["ids"]:
-            raise SystemExit(f"prompt tokenization differs from the project's: {p['text']!r}")
-
+    rl = spec["rl"]
     n, per_step = rl["samples_per_prompt"], rl["prompts_per_step"]
     micro = min(rl["micro_batch_size"], per_step * n)
     if (per_step * n) % micro:
         raise SystemExit(f"prompts_per_step x samples_per_prompt = {per_step * n} is not a multiple of {micro}")
     accum = per_step * n // micro
-    args = GRPOConfig(
+    return GRPOConfig(
         output_dir=str(Path(spec["out_dir"]) / "trainer"), max_steps=rl["steps"], num_generations=n,
         per_device_train_batch_size=micro, gradient_accumulation_steps=accum, steps_per_generation=accum,
         num_iterations=rl["inner_epochs"], learning_rate=rl["lr"], max_grad_norm=rl["max_grad_norm"] or 1e9,
@@ -81,11 +66,20 @@ def main(in_path: str, out_path: str) -> int:
         temperature=rl["temperature"], top_p=rl["top_p"], top_k=rl["top_k"], shuffle_dataset=False,
         seed=spec["seed"], use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=10,
         disable_dropout=True, log_completions=False, remove_unused_columns=False, dataloader_num_workers=0)
+
+
+def project_optimizer(model, rl: dict):
+    """The project's policy optimizer and warm-up: AdamW(betas 0.9/0.99, eps 1e-8, no decay), lr x min(1, (u+1)/w)."""
+    import torch
+
     opt = torch.optim.AdamW(model.parameters(), lr=rl["lr"], betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
     warm = rl["warmup_steps"]
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if warm <= 0 else min(1.0, (s + 1) / warm))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if warm <= 0 else min(1.0, (s + 1) / warm))
 
-    counted = {"tokens": 0, "rewards": []}
+
+def counting_verifier(tok, counted: dict):
+    """The project's verifier as a TRL reward function; counts generated tokens and the mean reward per call."""
+    from posttrain.data.verifiers import score
 
     def verifier(prompts, completions, completion_ids, answer, task, **_):
         texts = [tok.decode(ids, skip_special_tokens=True) for ids in completion_ids]
@@ -93,6 +87,13 @@ def main(in_path: str, out_path: str) -> int:
         counted["tokens"] += sum(len(ids) for ids in completion_ids)  # EOS-masked: up to and including EOS
         counted["rewards"].append(sum(scores) / len(scores))
         return scores
+
+    return verifier
+
+
+def step_clock():
+    """A TrainerCallback recording each optimizer step's wall time in `.steps`."""
+    from transformers import TrainerCallback
 
     class StepClock(TrainerCallback):
         def __init__(self):
@@ -103,11 +104,32 @@ def main(in_path: str, out_path: str) -> int:
             self.steps.append(now - self.t)
             self.t = now
 
-    clock = StepClock()
+    return StepClock()
+
+
+def main(in_path: str, out_path: str) -> int:
+    import importlib.metadata as md
+
+    import torch
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from posttrain.models.io import load_model, load_tokenizer, save_model
+
+    spec = json.loads(Path(in_path).read_text())
+    rl, prompts = spec["rl"], spec["prompts"]
+    torch.set_num_threads(spec["threads"])
+    tok = load_tokenizer(spec["model_dir"])
+    model = load_model(spec["model_dir"])
+    for p in prompts:  # TRL tokenizes a text prompt with processing_class(text=...): it must give the same ids
+        if tok(text=p["text"])["input_ids"] != p["ids"]:
+            raise SystemExit(f"prompt tokenization differs from the project's: {p['text']!r}")
+    args, counted, clock = grpo_config(spec), {"tokens": 0, "rewards": []}, step_clock()
     data = Dataset.from_list([{"prompt": p["text"], "answer": p["answer"], "task": p["task"]} for p in prompts])
-    trainer = GRPOTrainer(model=model, reward_funcs=verifier, args=args, train_dataset=data, processing_class=tok,
-                          optimizers=(opt, sched), callbacks=[clock])
-    print(f"trl: eos ids {trainer.eos_token_ids}, {rl['steps']} steps of {per_step} x {n}, micro {micro} x {accum}, "
+    trainer = GRPOTrainer(model=model, reward_funcs=counting_verifier(tok, counted), args=args, train_dataset=data,
+                          processing_class=tok, optimizers=project_optimizer(model, rl), callbacks=[clock])
+    print(f"trl: eos ids {trainer.eos_token_ids}, {rl['steps']} steps of {rl['prompts_per_step']} x "
+          f"{rl['samples_per_prompt']}, micro {args.per_device_train_batch_size} x {args.gradient_accumulation_steps}, "
           f"torch threads {torch.get_num_threads()}", flush=True)
     clock.t = t0 = time.perf_counter()
     trainer.train()

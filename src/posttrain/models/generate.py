@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from transformers import DynamicCache
@@ -207,8 +208,13 @@ def forward_response_logits(model, prompt_ids: list[list[int]], response_ids: li
 
 def _takes_logits_to_keep(model) -> bool:
     """Whether the model's forward accepts `logits_to_keep` (HF causal LMs do; DDP wraps the model as .module)."""
-    inner = getattr(model, "module", model)
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return _forward_takes_logits_to_keep(type(getattr(model, "module", model)))
+
+
+@lru_cache(maxsize=None)
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    """Read once per model class: this runs on every micro-batch and every generation batch."""
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 @torch.no_grad()

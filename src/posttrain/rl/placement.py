@@ -7,8 +7,8 @@
 Sizing. Ray never starts an actor whose CPU request does not fit - it waits silently, forever (five
 actors at num_cpus=0.5 on 2 cores hang with no error). So the plan reads the cluster's free CPUs and gives every actor the same fractional share,
 `min(1, free CPUs / number of actors)`, rounded down to 1e-4, so that all actors of the run fit by
-construction. Fractional CPUs are a scheduling budget, not threads: role workers run `placement.torch_threads`
-torch threads each (1 by default).
+construction. Fractional CPUs are a scheduling budget, not threads: policy ranks run `placement.torch_threads`
+torch threads each, rollout and reference workers `placement.generation_threads` (1 by default).
 GPU requests are `placement.gpus_per_worker` per actor; a plan asking for more GPUs than are free is
 rejected before anything is created, and every placement group is awaited with a timeout.
 

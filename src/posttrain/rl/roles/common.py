@@ -23,7 +23,8 @@ def worker_identity(role: str, rank: int, world_size: int) -> WorkerId:
 
 
 def set_torch_threads(threads: int = 1) -> None:
-    """torch intra-op threads for this worker: 1 unless placement.torch_threads says otherwise."""
+    """torch intra-op threads for this worker: 1 unless placement.torch_threads (policy ranks) or
+    placement.generation_threads (rollout and reference workers) say otherwise."""
     torch.set_num_threads(max(1, int(threads)))
 
 

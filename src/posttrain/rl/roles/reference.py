@@ -22,7 +22,7 @@ class ReferenceWorker:
     def __init__(self, model_dir: str, rank: int, world_size: int, cfg: RLConfig | None = None,
                  model_cfg: ModelConfig | None = None, threads: int = 1):
         """`cfg` supplies top_p/top_k (default: none), `model_cfg` the dtype (default fp32), `threads` torch's
-        intra-op threads (placement.torch_threads)."""
+        intra-op threads (placement.generation_threads)."""
         set_torch_threads(threads)
         self.cfg, model_cfg = cfg or RLConfig(), model_cfg or ModelConfig()
         self.device = local_device()
