@@ -89,6 +89,30 @@ def hangs_on_slow(completion):
     return 1.0
 
 
+def aborts(completion):
+    """A crash by signal (SIGABRT), as a C extension's assertion would."""
+    os.abort()
+
+
+def allocates(completion):
+    """Takes 300 MB when asked ("big"), else a little; keeps nothing."""
+    block = bytearray((300 if completion == "big" else 1) * 2**20)
+    return float(len(block) > 0)
+
+
+def spins(completion):
+    """Burns CPU for up to 60 s when asked ("spin")."""
+    t = time.process_time()
+    while completion == "spin" and time.process_time() - t < 60:
+        pass
+    return 1.0
+
+
+def prints(completion):
+    print(f"REWARD-STDOUT {completion}")
+    return 1.0
+
+
 def returns(completion):
     """Returns what the completion names: a way to test every kind of non-score."""
     return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "none": None, "str": "1.0", "true": True,

@@ -1,17 +1,29 @@
 """The user reward function's own process: started, called and replaced from `posttrain.rewards`.
 
-`RewardProcess(path, python_path)` starts ONE fresh interpreter (not multiprocessing's spawn, which
+`RewardProcess(path, python_path, limits)` starts ONE fresh interpreter (not multiprocessing's spawn, which
 re-imports the parent's __main__ - in a Ray worker that is Ray's worker script) whose `sys.path` starts with
 the `reward.python_path` folders. The child imports `module:function`, reads its call convention from
 `inspect.signature` (`Signature`: per sample, or TRL-style batch when the first two parameters are
 `prompts, completions`) and the sha256 of its module's source, reports both, then answers calls. Messages
 are JSON over a socket pair (no pickle). `RewardProcess.call` returns (score, failure) pairs: anything but a
-finite int/float, an exception (BaseException: `sys.exit` too), a death or an overrun of the per-call
-timeout is a failure with its reason; after a timeout or a death the child is killed and a fresh one
-started. What to call with which arguments is `posttrain.rewards.RewardScorer`'s business.
+finite int/float, an exception (BaseException: `sys.exit` too), a death (`os._exit`, `os.abort`, a segfault),
+an overrun of the per-call wall timeout, of the per-call CPU time or of the memory limit is a failure with its
+reason; after a timeout, a death or running out of memory the child is killed and a fresh one started.
 
-Leaves out: limits other than time (memory, CPU, network) and filesystem isolation - the child is a plain
-process of the same user, killed with its parent on Linux.
+Limits (`Limits`, from `reward.*`), set by the child on itself after importing the function:
+- memory: RLIMIT_AS = the address space the import left + `memory_mb` (hard limit too, so user code cannot
+  raise it). An allocation over it raises MemoryError in Python (a failure; the child is replaced so leaked
+  memory does not fail later calls) or kills a C extension (a death).
+- CPU: before each call RLIMIT_CPU's soft limit is set to the CPU seconds used so far + `cpu_s`; over it the
+  kernel sends SIGXCPU, whose default action ends the child (a death reported as the CPU limit). The hard
+  limit stays unlimited (an unprivileged process could not raise it again for the next call), so code that
+  catches SIGXCPU escapes this limit - the wall timeout still holds.
+- no core files (RLIMIT_CORE 0), and the child's stdout is the parent's stderr: a function that prints
+  cannot corrupt the output of `posttrain eval --json` or the parent's own stdout.
+What to call with which arguments is `posttrain.rewards.RewardScorer`'s business.
+
+Leaves out: network and filesystem isolation - the child is a plain process of the same user, killed with
+its parent on Linux.
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ import inspect
 import json
 import math
 import numbers
+import resource
+import signal
 import subprocess
 import sys
 import traceback
@@ -40,6 +54,14 @@ class RewardFunctionError(ConfigError):
     """The reward function cannot be used at all (bad name, import error, unusable signature or arguments);
     raised before any scoring, naming the `reward.*` setting at fault. A ConfigError, so entry points that
     report bad settings report this one the same way."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Per-call limits of the child (`reward.memory_mb`, `reward.cpu_s`; 0 = none)."""
+
+    memory_mb: int = 0
+    cpu_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,13 +158,37 @@ def _die_with_parent() -> None:
             pass
 
 
-def _serve_fd(fd: int, path: str, python_path: list[str]) -> None:
-    _serve(Connection(fd), path, python_path)
+def _address_space() -> int:
+    """This process's virtual memory size in bytes (VmSize of /proc/self/status)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no VmSize in /proc/self/status")
 
 
-def _serve(conn, path: str, python_path: list[str]) -> None:
-    """Child main loop: import the function, report its signature and identity, then answer calls."""
+def _limit_memory(memory_mb: int) -> None:
+    if memory_mb > 0:
+        cap = _address_space() + memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def _limit_cpu(cpu_s: float) -> None:
+    """Allow `cpu_s` more CPU seconds from now (soft RLIMIT_CPU; whole seconds, rounded up)."""
+    if cpu_s > 0:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        resource.setrlimit(resource.RLIMIT_CPU, (math.ceil(r.ru_utime + r.ru_stime + cpu_s), resource.RLIM_INFINITY))
+
+
+def _serve_fd(fd: int, path: str, python_path: list[str], limits: dict) -> None:
+    _serve(Connection(fd), path, python_path, Limits(**limits))
+
+
+def _serve(conn, path: str, python_path: list[str], limits: Limits) -> None:
+    """Child main loop: import the function, set the limits, report its signature and identity, then answer
+    calls."""
     _die_with_parent()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    sys.stdout = sys.stderr  # fd 1 is the parent's stderr already (Popen); this keeps Python's buffering apart
     sys.path[:0] = python_path
     try:
         fn = _load(path)
@@ -152,6 +198,7 @@ def _serve(conn, path: str, python_path: list[str]) -> None:
         msg = str(e) if isinstance(e, RewardFunctionError) else f"reward.fn: importing {path!r} failed: {_describe(e)}"
         conn.send_bytes(json.dumps({"status": "error", "error": msg}).encode())
         return
+    _limit_memory(limits.memory_mb)
     conn.send_bytes(json.dumps({"status": "ready", "signature": sig.__dict__, "identity": identity}).encode())
     while True:
         try:
@@ -160,8 +207,12 @@ def _serve(conn, path: str, python_path: list[str]) -> None:
             return
         if msg["op"] == "stop":
             return
+        _limit_cpu(limits.cpu_s)
         try:
             value = fn(**msg["kwargs"])
+        except MemoryError as e:  # the address-space limit: report, then let the parent replace this process
+            conn.send_bytes(json.dumps({"status": "out_of_memory", "error": _describe(e)}).encode())
+            continue
         except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
             conn.send_bytes(json.dumps({"status": "raised", "error": _describe(e)}).encode())
             continue
@@ -180,17 +231,17 @@ def _serve(conn, path: str, python_path: list[str]) -> None:
 
 _CHILD = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
           "from posttrain.reward_process import _serve_fd; "
-          "_serve_fd(int(sys.argv[1]), sys.argv[3], json.loads(sys.argv[4]))")
+          "_serve_fd(int(sys.argv[1]), sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5]))")
 """The child's program: the parent's sys.path (so posttrain and the parent's test/module folders import),
 then `_serve` on the inherited socket. A fresh interpreter, not multiprocessing's spawn: spawn re-imports the
 parent's __main__ in the child (in a Ray worker that is Ray's worker script, with all of Ray)."""
 
 
 class RewardProcess:
-    """The child process and its socket; restarts the child after a timeout or a death."""
+    """The child process and its socket; restarts the child after a timeout, a death or running out of memory."""
 
-    def __init__(self, path: str, python_path: list[str]):
-        self.path, self.python_path = path, python_path
+    def __init__(self, path: str, python_path: list[str], limits: Limits = Limits()):
+        self.path, self.python_path, self.limits = path, python_path, limits
         self._proc: subprocess.Popen | None = None
         self.signature, self.identity = self._start()
 
@@ -198,8 +249,9 @@ class RewardProcess:
         self._conn, child = Pipe(duplex=True)
         fd = child.fileno()
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(fd), json.dumps(sys.path), self.path, json.dumps(self.python_path)],
-            pass_fds=(fd,), stdin=subprocess.DEVNULL)
+            [sys.executable, "-c", _CHILD, str(fd), json.dumps(sys.path), self.path, json.dumps(self.python_path),
+             json.dumps(self.limits.__dict__)],
+            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=_stderr_fd())
         child.close()
         if not self._conn.poll(STARTUP_TIMEOUT_S):
             self._kill()
@@ -229,12 +281,27 @@ class RewardProcess:
         try:
             reply = json.loads(self._conn.recv_bytes())
         except (EOFError, ConnectionResetError):
-            code = self._proc.wait(5)
+            why = self._death(self._proc.wait(5))
             self._restart()
-            return [(0.0, f"reward process died (exit code {code}); replaced")] * n
+            return [(0.0, f"reward process {why}; replaced")] * n
+        if reply["status"] == "out_of_memory":
+            self._restart()
+            return [(0.0, f"{reply['error']}: over reward.memory_mb = {self.limits.memory_mb} "
+                          "(reward process replaced)")] * n
         if reply["status"] == "raised":
             return [(0.0, reply["error"])] * n
         return [(float(s), f) for s, f in reply["results"]]
+
+    def _death(self, code: int) -> str:
+        """Why the child ended, from its exit status: a signal by name, SIGXCPU as the CPU-time limit."""
+        if code >= 0:
+            return f"died (exit code {code})"
+        if -code == signal.SIGXCPU:
+            return f"exceeded its CPU-time limit (reward.cpu_s = {self.limits.cpu_s:g}; killed by SIGXCPU)"
+        try:
+            return f"died (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"died (killed by signal {-code})"
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -257,6 +324,14 @@ class RewardProcess:
             pass
         self._kill()
         self._proc = None
+
+
+def _stderr_fd() -> int | None:
+    """The parent's stderr as the child's stdout; None (inherit stdout) when stderr has no file descriptor."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def path_hint(python_path: list[str]) -> str:

@@ -21,15 +21,18 @@ imports user code. The call convention is read from the function's signature (`i
   the column). It must return a list of the same length.
 
 A score is a finite real number (int or float; a bool is NOT a score). Anything else - None, a string,
-NaN, inf, a wrong-length batch -, an exception (BaseException, so `sys.exit` too), a dead child and a call
-that overruns `reward.timeout_s` (per call; per batch for a batch function) become a `RewardResult` with
-score 0.0 and the failure's reason; on a timeout or death the child is killed and a fresh one started, so
+NaN, inf, a wrong-length batch -, an exception (BaseException, so `sys.exit` too), a dead child (`os._exit`,
+`os.abort`, a segfault) and a call that overruns `reward.timeout_s` (wall, per call; per batch for a batch
+function), `reward.cpu_s` (CPU time per call) or `reward.memory_mb` become a `RewardResult` with score 0.0 and
+the failure's reason; on a timeout, death or out-of-memory the child is killed and a fresh one started, so
 user code can neither crash nor hang a run (after MAX_TIMEOUTS_PER_SCORE timeouts in one `score` call the
-rest of that batch fails without being called). Messages between the processes are JSON (no pickle), so the
-row's columns must be JSON values, as the dataset contract requires.
+rest of that batch fails without being called). What the function prints goes to stderr. Messages between
+the processes are JSON (no pickle), so the row's columns must be JSON values, as the dataset contract
+requires. The built-in verifiers never raise on any text (tests/unit/test_verifiers.py fuzzes them); should
+one raise anyway, that sample is a recorded failure, not a crash.
 
-Leaves out: limits other than time (memory, CPU, network) and filesystem isolation - the child is a plain
-process of the same user, killed with its parent on Linux.
+Leaves out: network and filesystem isolation - the child is a plain process of the same user, killed with
+its parent on Linux.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from pathlib import Path
 from typing import Self
 
 from posttrain.config import RewardConfig
-from posttrain.reward_process import RewardFunctionError, RewardProcess, check_name
+from posttrain.reward_process import Limits, RewardFunctionError, RewardProcess, check_name
 
 __all__ = ["MAX_TIMEOUTS_PER_SCORE", "RESERVED", "RewardFunctionError", "RewardResult", "RewardSample",
            "RewardScorer", "reward_identity"]
@@ -107,7 +110,8 @@ class RewardScorer:
             raise RewardFunctionError(f"reward.python_path: {missing} not found (or not a folder) on this machine"
                                       f" ({os.uname().nodename}); every entry must exist where RL and eval run")
         check_name(cfg.fn)
-        self._box = RewardProcess(cfg.fn, [str(Path(p).resolve()) for p in cfg.python_path])
+        self._box = RewardProcess(cfg.fn, [str(Path(p).resolve()) for p in cfg.python_path],
+                                  Limits(memory_mb=cfg.memory_mb, cpu_s=cfg.cpu_s))
 
     @property
     def identity(self) -> dict:
@@ -141,7 +145,7 @@ class RewardScorer:
         if self._box is None:
             from posttrain.data import verifiers
 
-            return [RewardResult(verifiers.score(s.task, s.completion, s.answer), None) for s in samples]
+            return [_builtin(verifiers.score, s) for s in samples]
         if self.batch:
             return self._score_batch(samples)
         out: list[RewardResult] = []
@@ -184,6 +188,14 @@ class RewardScorer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _builtin(score, s: RewardSample) -> RewardResult:
+    """A built-in verifier's score; an exception (a bug: they are fuzzed not to raise) is a recorded failure."""
+    try:
+        return RewardResult(score(s.task, s.completion, s.answer), None)
+    except Exception as e:  # noqa: BLE001 - one bad sample must not end a run or an eval
+        return RewardResult(0.0, f"built-in verifier raised {type(e).__name__}: {e}")
 
 
 def reward_identity(cfg: RewardConfig) -> dict:

@@ -5,6 +5,7 @@ except the reward tests, which run the real reward role with a user function in 
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 from dataclasses import replace
 
@@ -13,6 +14,7 @@ import pytest
 from posttrain.config import RewardConfig, RLConfig, TrackingConfig
 from posttrain.rl.controller import Controller, RewardFailureError
 from tests.rl_fakes import (
+    FakeReferenceGroup,
     FakeRewardGroup,
     LowPrecisionRolloutGroup,
     NullTracker,
@@ -100,13 +102,32 @@ class NaNRewardGroup(FakeRewardGroup):
         return float("nan") if prompt[-1] % 2 else super()._score_one(prompt, response, answer)
 
 
-def test_a_non_finite_advantage_stops_the_step_before_the_update_and_any_checkpoint(tmp_path):
+class HugeRewardGroup(FakeRewardGroup):
+    """Finite rewards whose group statistics overflow: +-1e308 alternate, so the mean is inf - inf."""
+
+    def _score_one(self, prompt, response, answer):
+        return 1e308 if response[0] % 2 else -1e308
+
+
+class NaNReferenceGroup(FakeReferenceGroup):
+    def log_probs(self, trajectories, *, temperature):
+        lp = super().log_probs(trajectories, temperature=temperature)
+        return dataclasses.replace(lp, values=[[math.nan, *row[1:]] for row in lp.values])
+
+
+@pytest.mark.parametrize("poison, what", [("reward", "rewards hold nan"), ("huge", "advantages hold nan"),
+                                          ("reference", "reference log-probs hold nan")])
+def test_a_non_finite_number_stops_the_step_before_the_update_and_any_checkpoint(poison, what):
     from posttrain.rl.controller import NonFiniteError
 
-    c = controller(reward=NaNRewardGroup())
+    if poison == "reference":
+        c = controller()
+        c.groups = dataclasses.replace(c.groups, reference=NaNReferenceGroup(c.groups.reference.model.state_dict()))
+    else:
+        c = controller(reward=NaNRewardGroup() if poison == "reward" else HugeRewardGroup())
     c.start()
     policy_version = c.groups.policy.version
-    with pytest.raises(NonFiniteError, match=r"step 1: advantages hold nan .* stopped before the policy update"):
+    with pytest.raises(NonFiniteError, match=rf"step 1: {what} .* stopped before the policy update"):
         c.step()
     assert c.groups.policy.version == policy_version and not c.history  # the poisoned step made no update
 

@@ -61,8 +61,8 @@ def test_gradient_checkpointing_same_policy_update(folders, world_of_one):
 
 
 def test_policy_update_gates_stop_before_the_optimizer_step(folders, world_of_one):
-    """Drift above rl.drift_threshold (measured by the update's own first forward) and a non-finite gradient
-    norm stop the update before its optimizer step: weights and version unchanged, the reason returned."""
+    """Drift above rl.drift_threshold (measured by the update's own first forward), a non-finite loss and a
+    non-finite gradient norm stop the update before its optimizer step: weights and version unchanged, the reason returned."""
     import math
     from dataclasses import replace
 
@@ -81,7 +81,13 @@ def test_policy_update_gates_stop_before_the_optimizer_step(folders, world_of_on
     assert not res["applied"] and abs(res["drift"] - 1.0) < 1e-3 and "rl.drift_threshold" in res["stopped"]
     assert w.checksum() == before and w.version == 0
     res = update(replace(b, advantages=[math.nan] + b.advantages[1:]))  # a poisoned advantage
-    assert not res["applied"] and "gradient norm is nan" in res["stopped"], res["stopped"]
+    assert not res["applied"] and res["stopped"].startswith("loss is nan"), res["stopped"]
+    assert w.checksum() == before and w.version == 0
+    p = next(iter(w.model.parameters()))
+    hook = p.register_hook(lambda g: g * math.inf)  # a finite loss whose gradient overflows
+    res = update(b)
+    hook.remove()
+    assert not res["applied"] and "gradient norm is" in res["stopped"], res["stopped"]
     assert w.checksum() == before and w.version == 0
     res = update(b)  # the same batch, unpoisoned: the drift check passes and the step is taken
     assert res["applied"] and res["drift"] < 1e-4 and w.version == 1 and w.checksum() != before

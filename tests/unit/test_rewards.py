@@ -117,6 +117,45 @@ def test_a_dead_child_is_a_failure_and_is_replaced():
         assert s._box._proc.pid != first and s._box._proc.poll() is None
 
 
+def test_a_crash_by_signal_is_named_and_the_child_is_replaced():
+    with scorer("aborts") as s:
+        first = s._box._proc.pid
+        (r,) = s.score([sample("x")])
+        assert r.failure == "reward process died (killed by SIGABRT); replaced"
+        assert s._box._proc.pid != first and s._box._proc.poll() is None
+
+
+def test_runaway_memory_is_a_failure_and_the_child_is_replaced():
+    """reward.memory_mb caps what a call may add to the process: 300 MB over a 100 MB limit is a MemoryError,
+    recorded with the limit; the child is replaced and later calls score."""
+    with scorer("allocates", memory_mb=100) as s:
+        first = s._box._proc.pid
+        got = s.score([sample("small"), sample("big"), sample("small")])
+        assert got[0] == got[2] and got[0].score == 1.0 and got[0].failure is None
+        assert got[1].score == 0.0 and got[1].failure.startswith("MemoryError")
+        assert "over reward.memory_mb = 100 (reward process replaced)" in got[1].failure
+        assert s._box._proc.pid != first
+    with scorer("allocates", memory_mb=0) as s:  # 0: no limit
+        assert scores(s.score([sample("big")])) == [(1.0, None)]
+
+
+def test_cpu_time_over_the_limit_kills_the_call_and_the_child_is_replaced():
+    """reward.cpu_s is CPU time per call: a 60 s spin with cpu_s 1 ends by SIGXCPU long before the 120 s wall
+    timeout; calls before and after score (the limit is per call, not for the process's life)."""
+    with scorer("spins", cpu_s=1, timeout_s=120) as s:
+        got = s.score([sample("x"), sample("spin"), sample("y")])
+    assert scores(got) == [(1.0, None), (0.0, "reward process exceeded its CPU-time limit (reward.cpu_s = 1; "
+                                             "killed by SIGXCPU); replaced"), (1.0, None)]
+
+
+def test_output_on_stdout_goes_to_stderr(capfd):
+    """A function that prints cannot corrupt the parent's stdout (e.g. `posttrain eval --json`)."""
+    with scorer("prints") as s:
+        assert scores(s.score([sample("hello")])) == [(1.0, None)]
+    out, err = capfd.readouterr()
+    assert "REWARD-STDOUT" not in out and "REWARD-STDOUT hello" in err
+
+
 def test_a_hung_call_times_out_and_the_child_is_killed_and_replaced():
     with scorer("hangs_on_slow", timeout_s=0.5) as s:
         first = s._box._proc

@@ -107,6 +107,8 @@ def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
 def _check_reward(w: RewardConfig) -> None:
     _check(w.fn == "" or _is_import_path(w.fn), "reward.fn", "must look like 'module:function'")
     _check(w.timeout_s > 0, "reward.timeout_s", "must be > 0")
+    _check(w.memory_mb >= 0, "reward.memory_mb", "must be >= 0 (0: no limit)")
+    _check(w.cpu_s >= 0, "reward.cpu_s", "must be >= 0 (0: no limit)")
     _check(all(isinstance(p, str) and p.strip() for p in w.python_path), "reward.python_path",
            "entries must be non-empty folder paths")
     if w.python_path:

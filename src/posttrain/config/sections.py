@@ -154,8 +154,6 @@ class SFTConfig:
     """Save resumable training state every this many steps (0: only at the end)."""
     keep_state: bool = False
     """Keep the resumable training state after the final model is stored (default: deleted then)."""
-    epochs_limit: int = 0
-    """Unused when 0; otherwise stop after this many passes over the data even if steps remain."""
     seed: int = 0
     """Seed for data order and dropout-free training randomness."""
 
@@ -196,6 +194,14 @@ class RewardConfig:
     timeout_s: float = 5.0
     """Per-call time limit (per batch for a batch function); the function runs in a separate process that
     is killed and replaced when it overruns."""
+    memory_mb: int = 2048
+    """Memory the function may take on top of what importing it took (the reward process's address-space
+    limit, RLIMIT_AS, is set to its size after the import plus this); over it, the call fails with the reason
+    and the process is replaced. 0: no limit. Applies only with `fn` set (built-in verifiers run in-process)."""
+    cpu_s: float = 10.0
+    """CPU seconds one call may use, all threads of the reward process together (RLIMIT_CPU, raised before
+    each call); over it the process is killed and replaced and the call fails with the reason. 0: no limit.
+    Differs from `timeout_s` (wall time) for a function that runs several threads."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,8 +25,8 @@ whole group, which shards, calls its workers and merges.
 A step stops with `RewardFailureError` (naming the function, the failure count, the step and one reason)
 when more than `rl.max_reward_failure_rate` of its reward calls failed - before the update, so no weights
 are trained on a broken reward. It stops with `NonFiniteError` (naming the step, the stage and the tensor)
-on a non-finite rollout log-prob or advantage (before the update) or gradient norm (the update stops before
-its optimizer step), and with `WeightDriftError` when the update measured drift above `rl.drift_threshold`
+on a non-finite rollout log-prob, reward, reference log-prob or advantage (before the update) or loss or
+gradient norm (the update stops before its optimizer step), and with `WeightDriftError` when the update measured drift above `rl.drift_threshold`
 or NaN (also before its optimizer step); either way no checkpoint holds the poisoned step.
 
 Leaves out: asynchronous / off-policy rollouts (generation waits for the sync), a critic (PPO), and
@@ -111,11 +111,13 @@ class Controller:
         with _timed(phase, "reward"):
             rewards = g.reward.score(traj)
         _check_reward_failures(rewards, step=self.step_count + 1, max_rate=cfg.max_reward_failure_rate)
+        _check_finite("rewards", rewards.scores, step=self.step_count + 1)
 
         ref = None
         if g.reference is not None:
             with _timed(phase, "reference"):
                 ref = g.reference.log_probs(traj, temperature=cfg.temperature)
+            _check_finite("reference log-probs", [x for row in ref.values for x in row], step=self.step_count + 1)
 
         with _timed(phase, "advantages"):
             adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,

@@ -30,8 +30,8 @@ Gates before the optimizer step. The drift check needs the policy's log-probs of
 version that sampled them; the update's first forward (epoch 0, before any optimizer step) computes exactly
 those, so no separate forward is run: each rank sums |policy - rollout| over its tokens, the group all-reduces
 sums and counts, and every rank sees the same mean. Above `rl.drift_threshold` - or NaN - the update stops
-before its optimizer step, as it does when the (all-reduced, so identical on every rank) gradient norm is not
-finite: the weights and version stay as they were and the stats say why (`applied` False, `stopped`).
+before its optimizer step, as it does when the group's loss or the (all-reduced, so identical on every rank)
+gradient norm is not finite: the weights and version stay as they were and the stats say why (`applied` False, `stopped`).
 """
 
 from __future__ import annotations
@@ -200,6 +200,10 @@ class PolicyWorker:
                 drift = self._group_mean(drift_sum, drift_tok)
                 if not drift <= drift_threshold:  # NaN fails too
                     return self._stopped(sums, t0, drift, f"drift {drift:.4g} > rl.drift_threshold {drift_threshold:g}")
+                group_loss = self._group_mean(sums["loss"], 1.0)  # a non-finite loss on any rank stops every rank
+                if not math.isfinite(group_loss):  # (later epochs: their gradient norm is the gate)
+                    return self._stopped(sums, t0, drift, f"loss is {group_loss} (policy group; rank {self.rank}'s "
+                                                          f"{sums['loss']:.4g})")
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
             if not math.isfinite(grad_norm):
