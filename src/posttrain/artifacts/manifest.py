@@ -15,7 +15,8 @@ class Manifest:
     kind: str
     """One of KINDS."""
     id: str
-    """sha256 over the sorted (relative path, file sha256) pairs."""
+    """hashing.artifact_id: sha256 over the kind, the files' (relative path, sha256) pairs and the sorted
+    parent ids (artifacts stored before parents counted have the files' content hash as their id)."""
     name: str
     created: str
     """UTC ISO-8601 time of the first write."""

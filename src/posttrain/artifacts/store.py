@@ -1,5 +1,13 @@
 """Content-addressed artifact store with atomic writes, verified reads and a rebuildable lineage index.
 
+An artifact's id (hashing.artifact_id) is a sha256 over its kind, its files' (relative path, sha256) pairs AND
+its sorted parent ids - what it is and what it was made from. So a tokenizer trained byte-identically from an
+edited dataset is a new artifact whose parent is the edited dataset (were the id the files alone, the put would
+find the first tokenizer and `lineage` would show the old data), while storing the same content with the same
+parents again returns the existing artifact (the stage caches and every rank of one run rely on that). The
+bytes are not stored twice: identical files are hard-linked (below). Artifacts stored before parents counted
+keep their content-only ids; nothing re-derives an id from a manifest, so both kinds of id stay valid.
+
 Layout under the root (a local folder or any fsspec URL):
 
     objects/<id>/files/...        the artifact's files
@@ -7,7 +15,7 @@ Layout under the root (a local folder or any fsspec URL):
     blobs/<sha[:2]>/<sha256>      local roots: one hard link per distinct file content (see below)
     cache/<key>.json              stage cache: input key -> artifact id
     tmp/                          local writes are staged here and renamed into objects/ (atomic)
-    index.sqlite                  a cache of the manifests (local roots); delete it and it is rebuilt
+    index.sqlite                  a cache of the manifests (local roots); deleted or damaged, it is rebuilt
 
 Reads verify every file's sha256 against the manifest. Identical files are stored once (local roots): a
 file whose sha256 is already in `blobs/` is hard-linked into the new artifact instead of copied, after the
@@ -17,7 +25,7 @@ tokenizer files every checkpoint of one base model carries) costs no extra disk.
 inode: editing one stored copy in place changes every artifact that holds it, and `verify` reports each.
 What this leaves out: garbage collection (an artifact's disk is freed once its objects/ folder AND the
 blobs no other artifact links - `st_nlink == 1` - are deleted), de-duplication on fsspec (remote) roots,
-and locking between concurrent writers of *different* content (the same content is idempotent by design).
+and locking between concurrent writers of *different* artifacts (the same artifact is idempotent by design).
 """
 
 from __future__ import annotations
@@ -36,8 +44,8 @@ import fsspec
 from posttrain.artifacts import codeversion
 from posttrain.artifacts.errors import ArtifactIntegrityError, ArtifactNotFoundError, StoreConfigError
 from posttrain.artifacts.handles import ArtifactRef
+from posttrain.artifacts.hashing import artifact_id, sha256_stream
 from posttrain.artifacts.hashing import cache_key as _cache_key
-from posttrain.artifacts.hashing import content_id, sha256_stream
 from posttrain.artifacts.index import LineageIndex
 from posttrain.artifacts.manifest import KINDS, Manifest
 
@@ -90,7 +98,8 @@ class ArtifactStore:
     def put(self, kind: str, name: str, src_dir: str | os.PathLike, *, run_id: str, parents: list[str],
             config: dict, metrics: dict | None = None, extra: dict | None = None,
             world_size: int = 1) -> ArtifactRef:
-        """Store the files under `src_dir` as one artifact; returns its handle. Same content -> same id."""
+        """Store the files under `src_dir` as one artifact; returns its handle. Same kind, content and parents
+        -> same id (the existing artifact is returned as it is)."""
         if kind not in KINDS:
             raise ValueError(f"kind: {kind!r} is not one of {KINDS}")
         src = Path(src_dir)
@@ -105,10 +114,10 @@ class ArtifactStore:
         for pid in parents:
             if not self.exists(pid):
                 raise ArtifactNotFoundError(f"parent artifact {pid} is not in the store {self.root}")
-        id_ = content_id((rel, meta["sha256"]) for rel, meta in files.items())
+        id_ = artifact_id(kind, ((rel, meta["sha256"]) for rel, meta in files.items()), parents)
         ref = ArtifactRef(kind=kind, id=id_, name=name, store=self.root)
         if self.exists(id_):
-            return ref  # content-addressed: the first manifest stays
+            return ref  # same kind, content and parents: the first manifest (its run, name, config) stays
         manifest = Manifest(
             kind=kind, id=id_, name=name, run_id=run_id, parents=list(parents), config=config,
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -146,7 +155,7 @@ class ArtifactStore:
             try:
                 os.rename(stage, Path(self.root) / "objects" / manifest.id)  # atomic on one filesystem
             except OSError:
-                if not self.exists(manifest.id):  # lost a race against the same content: fine
+                if not self.exists(manifest.id):  # lost a race against the same artifact: fine
                     raise
                 return
         finally:
