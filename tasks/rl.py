@@ -7,6 +7,11 @@ cluster a KubeRay RayJob with a head and two worker groups named after roles - `
 is defined (tasks/settings.py) and `plan` checks them against `placement.*_workers`. Each group's nodes
 advertise a custom resource named after the group, which posttrain.rl.placement's bundles ask a sliver of,
 so every role's actors land on their group's pods.
+
+Failures: inside the task, a lost worker or a timeout rebuilds the actors up to `rl.max_restarts` times
+(posttrain.rl.run); beyond that the error is raised as a FlyteRecoverableException, so Flyte's `retries`
+(tasks/settings.py) run the task again, which resumes from the RL state it can reach. Any other error (bad
+settings, stale weights, drift, non-finite numbers, a failing reward) is not retried: it would recur.
 """
 
 from __future__ import annotations
@@ -36,10 +41,17 @@ ray_config = RayJobConfig(
 )
 
 
-@task(container_image=cpu_image, task_config=ray_config, requests=Resources(cpu="1", mem="2Gi"))
+@task(container_image=cpu_image, task_config=ray_config, requests=Resources(cpu="1", mem="2Gi"),
+      retries=settings.TASK_RETRIES)
 def rl(rl: RLConfig, reward: RewardConfig, placement: PlacementConfig, model: ModelConfig, tracking: TrackingConfig,
        start_model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> ArtifactRef:
-    from posttrain import stages
+    from flytekit.exceptions.user import FlyteRecoverableException
 
-    return stages.rl(rl, reward, placement, tracking, max_seq_len=model.max_seq_len, model_cfg=model,
-                     start_model=start_model, dataset=dataset, run_id=run_id)
+    from posttrain import stages
+    from posttrain.rl.run import RESTARTABLE
+
+    try:
+        return stages.rl(rl, reward, placement, tracking, max_seq_len=model.max_seq_len, model_cfg=model,
+                         start_model=start_model, dataset=dataset, run_id=run_id)
+    except RESTARTABLE as e:  # lost workers or timeouts beyond rl.max_restarts: let Flyte retry the task
+        raise FlyteRecoverableException(f"{type(e).__name__}: {e}") from e

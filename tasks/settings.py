@@ -19,6 +19,12 @@ RAY_TRAIN_REPLICAS = int(os.environ.get("POSTTRAIN_RAY_TRAIN_REPLICAS", "2"))
 """Replicas of the Ray `train` worker group (one per policy rank): must equal `placement.policy_workers`."""
 RAY_ROLLOUT_REPLICAS = int(os.environ.get("POSTTRAIN_RAY_ROLLOUT_REPLICAS", "1"))
 """Replicas of the Ray `rollout` worker group: must equal `placement.rollout_workers`."""
+TASK_RETRIES = int(os.environ.get("POSTTRAIN_TASK_RETRIES", "2"))
+"""Flyte `retries` of the SFT and RL tasks. Flyte retries a task on a system failure (a lost pod or node) and
+on a FlyteRecoverableException; the retry resumes from the stage's resumable state where it can reach it."""
+SFT_MAX_RESTARTS = int(os.environ.get("POSTTRAIN_SFT_MAX_RESTARTS", "2"))
+"""Elastic `max_restarts`: times torch elastic restarts the SFT ranks when one dies (e.g. killed), inside the
+task; the new ranks resume from the newest saved SFT state (sft.save_every)."""
 
 
 def check_against(sft_nproc: int, policy_workers: int, rollout_workers: int, *, local: bool = False) -> None:

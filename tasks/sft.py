@@ -5,7 +5,9 @@ process group; on a cluster nnodes=1 is a plain pod and nnodes>1 a PyTorchJob of
 N is fixed when the task is defined (tasks/settings.py: POSTTRAIN_SFT_NPROC, default 2) and must equal
 `sft.nproc` (checked by `plan` and again by the trainer against WORLD_SIZE). `start_method="fork"`: spawn
 cannot import a workflow module that is not installed (measured: ModuleNotFoundError under
-`pyflyte run`), and fork starts ranks faster.
+`pyflyte run`), and fork starts ranks faster. A rank that dies is restarted with all the others by torch
+elastic (`max_restarts`, tasks/settings.py) and they resume from the newest SFT state; a lost pod is
+retried by Flyte (`retries`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from tasks import settings
 @task(
     container_image=cpu_image,
     task_config=Elastic(nnodes=settings.SFT_NNODES, nproc_per_node=settings.SFT_NPROC, start_method="fork",
-                        monitor_interval=1, increase_shared_mem=False),
+                        monitor_interval=1, increase_shared_mem=False, max_restarts=settings.SFT_MAX_RESTARTS),
     requests=Resources(cpu="2", mem="8Gi"),
+    retries=settings.TASK_RETRIES,
 )
 def sft(model: ModelConfig, sft: SFTConfig, tracking: TrackingConfig, dataset: ArtifactRef,
         tokenizer: Optional[ArtifactRef], run_id: str, start_model: Optional[ArtifactRef] = None) -> ArtifactRef:

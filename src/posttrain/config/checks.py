@@ -137,6 +137,8 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.checkpoint_every >= 0, "rl.checkpoint_every", "must be >= 0")
     _check(r.drift_threshold > 0, "rl.drift_threshold", "must be > 0")
     _check(r.remote_timeout_s > 0, "rl.remote_timeout_s", "must be > 0")
+    _check(r.step_timeout_s > 0, "rl.step_timeout_s", "must be > 0")
+    _check(r.max_restarts >= 0, "rl.max_restarts", "must be >= 0")
     _check(r.rollout_backend != RolloutBackend.VLLM or vllm_installed(), "rl.rollout_backend", _NO_VLLM)
 
 

@@ -258,6 +258,15 @@ class RLConfig:
     """Fail when mean |rollout logprob - policy logprob| over the same tokens exceeds this."""
     remote_timeout_s: float = 300.0
     """Timeout for every remote call to a role worker; the error names the stage and the worker."""
+    step_timeout_s: float = 1800.0
+    """The longest one RL step may take, end to end: the driver's watchdog fails (or restarts) the run when no
+    step finishes within this, naming the step and the stage the controller is in; so a whole run is bounded
+    by about steps x this, never days."""
+    max_restarts: int = 2
+    """Times one RL run rebuilds its actors after a worker is lost (killed, crashed, its node gone) or a
+    call or step times out: every role actor and the controller are replaced and the run resumes from its
+    last checkpoint (steps after it are re-done from the same state, so none is lost or repeated). 0: a lost
+    worker ends the run."""
     rollout_backend: RolloutBackend = RolloutBackend.TRANSFORMERS
     """Generation engine for rollouts (vLLM needs a separate install)."""
     seed: int = 0

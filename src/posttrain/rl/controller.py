@@ -87,6 +87,9 @@ class Controller:
         self.rng = random.Random(rl_cfg.seed)
         self.history: list[StepMetrics] = []
         self.started = False
+        self.stage = "start"
+        """What the controller is doing now ("start", a phase of a step, "save", "done"): read by the driver's
+        watchdog from another thread of the controller actor."""
         self.model_id: str | None = None
         """Artifact id of the newest saved model (None before the first checkpoint)."""
 
@@ -99,7 +102,7 @@ class Controller:
         t_step = time.perf_counter()
         phase: dict[str, float] = {}  # wall seconds per phase, as the controller sees them
 
-        with _timed(phase, "rollout"):
+        with self._phase(phase, "rollout"):
             prompts = self.sampler.next_batch(policy_version=v)
             traj = g.rollout.generate(prompts, n=cfg.samples_per_prompt, temperature=cfg.temperature,
                                       max_new_tokens=cfg.max_new_tokens, seed=self.rng.randrange(2**31),
@@ -108,24 +111,24 @@ class Controller:
 
         _check_finite("rollout log-probs", [x for row in traj.logprobs for x in row], step=self.step_count + 1)
 
-        with _timed(phase, "reward"):
+        with self._phase(phase, "reward"):
             rewards = g.reward.score(traj)
         _check_reward_failures(rewards, step=self.step_count + 1, max_rate=cfg.max_reward_failure_rate)
         _check_finite("rewards", rewards.scores, step=self.step_count + 1)
 
         ref = None
         if g.reference is not None:
-            with _timed(phase, "reference"):
+            with self._phase(phase, "reference"):
                 ref = g.reference.log_probs(traj, temperature=cfg.temperature)
             _check_finite("reference log-probs", [x for row in ref.values for x in row], step=self.step_count + 1)
 
-        with _timed(phase, "advantages"):
+        with self._phase(phase, "advantages"):
             adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,
                                    std_normalize=cfg.std_normalize)
             advantages = Advantages(policy_version=v, values=adv.tolist())
         _check_finite("advantages", advantages.values, step=self.step_count + 1)
 
-        with _timed(phase, "update"):
+        with self._phase(phase, "update"):
             batch = TrainBatch(policy_version=v, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                                old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None,
                                advantages=advantages.values)
@@ -139,7 +142,7 @@ class Controller:
                                  f"step: {stats.stopped}; weights stay at version {v}, no checkpoint written")
         _expect_version("policy update", stats.policy_version, v + 1)
 
-        with _timed(phase, "sync"):
+        with self._phase(phase, "sync"):
             self._push_weights(stats.policy_version, checksum=stats.weights_checksum)
 
         self.version, self.step_count = stats.policy_version, self.step_count + 1
@@ -147,6 +150,10 @@ class Controller:
                          step_s=time.perf_counter() - t_step)
         self.history.append(m)
         return m
+
+    def _phase(self, phase_s: dict[str, float], name: str):
+        self.stage = name
+        return _timed(phase_s, name)
 
     def _push_weights(self, version: int, checksum: str | None = None) -> None:
         """Hand the policy's weights to every rollout worker; each must report back exactly this version and
@@ -199,6 +206,7 @@ class Controller:
     def save(self) -> None:
         if self.checkpointer is None:
             return
+        self.stage = "save"
         state = {"sampler": self.sampler.state_dict(), "rng_state": _rng_to_json(self.rng.getstate()),
                  "wandb_id": getattr(self.tracker, "wandb_id", None)}
         ref = self.checkpointer.save(step=self.step_count, policy_version=self.version, policy=self.groups.policy,

@@ -205,10 +205,11 @@ def create_role_actors(worker_cls: type, placement: RolePlacement, pgs: dict[str
 
 
 def create_controller_actor(controller_cls: type, *args: Any) -> Any:
-    """The controller actor: num_cpus=0 (it only waits on the role groups), outside every placement group."""
+    """The controller actor: num_cpus=0 (it only waits on the role groups), outside every placement group;
+    two threads, so the driver's watchdog can ask for its progress while `run` goes on."""
     import ray
 
-    return ray.remote(controller_cls).options(num_cpus=0, max_restarts=0).remote(*args)
+    return ray.remote(controller_cls).options(num_cpus=0, max_restarts=0, max_concurrency=2).remote(*args)
 
 
 def bundle_of(resource_names, pg_id: str) -> int | None:

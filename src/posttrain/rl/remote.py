@@ -7,6 +7,7 @@ in-process runs - the group code is the same either way.
 
 from __future__ import annotations
 
+import time
 import traceback
 from typing import Any, Sequence
 
@@ -19,6 +20,11 @@ class RemoteTimeoutError(TimeoutError):
 
 class RemoteWorkerError(RuntimeError):
     """A worker raised; names the stage and the worker, with the worker's traceback."""
+
+
+class WorkerLostError(RemoteWorkerError):
+    """A worker's process is gone (killed, crashed, its node lost): the run can go on only with a new one
+    (`posttrain.rl.run` restarts the role actors from the last checkpoint, up to rl.max_restarts)."""
 
 
 class LocalRef:
@@ -54,7 +60,10 @@ class LocalActor:
 
 
 def gather(refs: Sequence, workers: Sequence[WorkerId | str], *, stage: str, timeout_s: float) -> list:
-    """Results of `refs` in order; raises RemoteTimeoutError / RemoteWorkerError naming stage and worker."""
+    """Results of `refs` in order; raises RemoteTimeoutError / RemoteWorkerError / WorkerLostError naming stage
+    and worker. Fails fast: the first worker that fails (or dies) is reported as soon as it does, not after
+    the timeout - when one SPMD rank dies, the others wait in a collective that would otherwise turn a lost
+    worker into a timeout naming the survivors."""
     if refs and isinstance(refs[0], LocalRef):
         out = []
         for ref, w in zip(refs, workers):
@@ -65,17 +74,42 @@ def gather(refs: Sequence, workers: Sequence[WorkerId | str], *, stage: str, tim
         return out
     import ray
 
-    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-    if pending:
-        late = [str(w) for r, w in zip(refs, workers) if r in pending]
-        raise RemoteTimeoutError(f"stage {stage}: no answer within {timeout_s:.0f}s from {', '.join(late)}")
-    out = []
-    for ref, w in zip(refs, workers):
+    names = {r: w for r, w in zip(refs, workers)}
+    pending, deadline = list(refs), time.monotonic() + timeout_s
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            late = ", ".join(str(names[r]) for r in pending)
+            raise RemoteTimeoutError(f"stage {stage}: no answer within {timeout_s:.0f}s from {late}")
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayActorError as e:
+                raise WorkerLostError(f"stage {stage}: worker {names[ref]} is gone ({type(e).__name__}): {e}") from e
+            except ray.exceptions.RayError as e:
+                _raise_if_lost(pending, names, stage, because=f"worker {names[ref]} failed")
+                raise RemoteWorkerError(f"stage {stage}: worker {names[ref]} failed: {e}") from e
+    return ray.get(list(refs))
+
+
+LOST_GRACE_S = 5.0
+"""After one worker of a call fails, how long the others get to show that one of them died: when an SPMD rank
+dies, its peers fail in their collective (e.g. gloo's "connection closed by peer") about when Ray notices the
+death, and the death - not the peers' error - is the cause to report (and restart on)."""
+
+
+def _raise_if_lost(pending: list, names: dict, stage: str, *, because: str) -> None:
+    import ray
+
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=LOST_GRACE_S) if pending else ([], [])
+    for ref in ready:
         try:
-            out.append(ray.get(ref, timeout=timeout_s))
-        except ray.exceptions.RayError as e:
-            raise RemoteWorkerError(f"stage {stage}: worker {w} failed: {e}") from e
-    return out
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as e:
+            raise WorkerLostError(f"stage {stage}: worker {names[ref]} is gone ({type(e).__name__}; {because} "
+                                  f"after it): {e}") from e
+        except ray.exceptions.RayError:
+            pass
 
 
 def is_ref(x: Any) -> bool:

@@ -10,10 +10,22 @@ otherwise it starts a local Ray sized to this machine and shuts it down afterwar
 2. create every role's actors in their bundles (placement.create_role_actors, the one `ray.remote`);
 3. create the controller actor (num_cpus=0) with the actor handles; inside it the role groups, the
    prompt sampler, the tracker and the checkpointer are built and `Controller.run` resumes and loops;
-4. wait for it with a timeout; a failed run raises the controller's own exception (e.g. StaleWeightsError);
+4. wait for it: its start within a timeout, then a watchdog that polls the controller's progress (a second
+   thread of the controller actor) and fails when no step finishes within `rl.step_timeout_s`, naming the
+   step and the stage; a failed run raises the controller's own exception (e.g. StaleWeightsError);
 5. kill the actors and remove the placement groups, whatever happened.
 
-Leaves out: elastic restarts inside one run (a failed run is re-run and resumes from its checkpoint).
+Restarts (`rl.max_restarts`): when a worker is lost (`WorkerLostError`: its actor died - killed, crashed,
+its node gone - or the controller actor itself died) or a call or step timed out, steps 1-5 run again: every
+role actor and the controller are new, and the controller resumes from the run's last checkpoint (policy and
+optimizer state, sampler cursor, RNG, step history), so the steps after it are re-done from the same state
+and the run ends with exactly `rl.steps` updates, none lost or repeated. Errors that a restart would only
+repeat (settings, stale weights, drift, non-finite numbers, a failing reward function) end the run at once.
+Rebuilding every role, not only the one that died, is deliberate: the policy ranks must form a new
+process group anyway and the rollout workers must get the restored policy's weights.
+
+Leaves out: replacing one actor in place while the others keep their state (Ray's own `max_restarts` would
+restart an actor with its constructor's state, silently behind the policy version).
 """
 
 from __future__ import annotations
@@ -27,10 +39,17 @@ from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfi
 from posttrain.rl import placement as pl
 from posttrain.rl import weight_transfer
 from posttrain.rl.metrics import StepMetrics
+from posttrain.rl.remote import RemoteTimeoutError, WorkerLostError
 
 WAIT_CALLS_PER_STEP = 10
-"""Backstop for the driver's wait: every remote call inside a step already times out after
-rl.remote_timeout_s, and a step makes fewer than this many of them."""
+"""Backstop for the driver's wait for the controller's start (role actors reporting, the policy group
+joining): fewer than this many remote calls, each bounded by rl.remote_timeout_s."""
+WATCHDOG_POLL_S = 2.0
+"""How often the driver asks the controller actor for its progress while the run goes on."""
+
+
+class StepTimeoutError(TimeoutError):
+    """No RL step finished within rl.step_timeout_s; names the step and the controller's stage."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +60,8 @@ class RLResult:
     """Updates done in total (including those before a resume)."""
     last_metrics: StepMetrics | None
     history: list[StepMetrics]
+    restarts: int = 0
+    """How many times the actors were rebuilt after a lost worker or a timeout (rl.max_restarts)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +133,10 @@ class ControllerActor:
         history = self.controller.run(steps)
         return self.controller.model_id, history
 
+    def progress(self) -> tuple[int, str]:
+        """(steps done, stage now): answered from the actor's second thread while `run` goes on."""
+        return self.controller.step_count, self.controller.stage
+
 
 def default_workers() -> dict[str, type]:
     """Role -> worker class (a plain dict: tests swap in faulty workers, e.g. a stale rollout worker)."""
@@ -141,30 +166,50 @@ def _role_actors(plan, pgs: dict, workers: dict[str, type], *, model_dir: str, r
 
 
 def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list[StepMetrics]]:
-    """Wait for the controller actor to start, then to run `cfg.steps` steps, each wait bounded; a failure
-    inside it is raised here as the controller's own exception."""
+    """Wait for the controller actor to start, then for its `cfg.steps` steps under the step watchdog; a
+    failure inside it is raised here as the controller's own exception."""
     import ray
 
     t0 = time.perf_counter()
-    timeout = cfg.remote_timeout_s * (WAIT_CALLS_PER_STEP * (cfg.steps + 1))
+    start_timeout = cfg.remote_timeout_s * WAIT_CALLS_PER_STEP
     try:
-        ray.get(controller.ready.remote(), timeout=cfg.remote_timeout_s * WAIT_CALLS_PER_STEP)
-        print(f"rl: {role_actors} role actors and the controller started in {time.perf_counter() - t0:.1f}s",
-              flush=True)
-        return ray.get(controller.run.remote(cfg.steps), timeout=timeout)
+        ray.get(controller.ready.remote(), timeout=start_timeout)
     except ray.exceptions.GetTimeoutError:
-        raise TimeoutError(f"rl: the controller did not start or finish {cfg.steps} steps within "
-                           f"{timeout:.0f}s") from None
+        raise TimeoutError(f"rl: the controller and its role actors did not start within {start_timeout:.0f}s "
+                           "(rl.remote_timeout_s x 10)") from None
+    print(f"rl: {role_actors} role actors and the controller started in {time.perf_counter() - t0:.1f}s", flush=True)
+    run = controller.run.remote(cfg.steps)
+    seen, since = -1, time.monotonic()
+    try:
+        while not ray.wait([run], timeout=WATCHDOG_POLL_S)[0]:
+            step, stage = ray.get(controller.progress.remote(), timeout=cfg.remote_timeout_s)
+            if step != seen:
+                seen, since = step, time.monotonic()
+            elif time.monotonic() - since > cfg.step_timeout_s:
+                raise StepTimeoutError(f"rl: step {step + 1} did not finish within rl.step_timeout_s = "
+                                       f"{cfg.step_timeout_s:g}s (the controller is in stage {stage!r})")
+        return ray.get(run)
+    except ray.exceptions.GetTimeoutError:
+        raise RemoteTimeoutError(f"rl: the controller actor did not answer a progress query within "
+                                 f"{cfg.remote_timeout_s:.0f}s") from None
     except ray.exceptions.RayTaskError as e:  # surface the controller's own exception type and message
         cause = getattr(e, "cause", None)
         if isinstance(cause, Exception):
             raise cause from e
         raise
+    except ray.exceptions.RayActorError as e:
+        raise WorkerLostError(f"rl: the controller actor is gone ({type(e).__name__}): {e}") from e
+
+
+RESTARTABLE = (WorkerLostError, RemoteTimeoutError, StepTimeoutError)
+"""A lost worker or a timeout: new actors may well succeed. Anything else would fail the same way again."""
 
 
 def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig | None = None, placement_cfg: PlacementConfig, max_seq_len: int, tracking_cfg: TrackingConfig,
            start_model_dir, dataset_dir, store_root: str, run_id: str, parents: list[str], state_dir,
            start_model_id: str, placement_timeout_s: float = 120.0, workers: dict[str, type] | None = None) -> RLResult:
+    """Run RL on Ray; up to rl.max_restarts times, a lost worker or a timeout rebuilds the actors and resumes
+    from the last checkpoint (module docstring)."""
     import ray
 
     workers = {**default_workers(), **(workers or {})}
@@ -172,33 +217,54 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
     if started_ray:  # no Flyte Ray task around us: a local Ray with one logical CPU per core
         ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    model_dir, cfg = str(start_model_dir), rl_cfg
-    available = pl.free_resources(min_cpu=min(1.0, ray.cluster_resources().get("CPU", 1.0)))
-    plan = pl.plan_placement(placement_cfg, with_reference=cfg.kl_coef > 0, available=available)
-    print(f"rl: {plan.describe()}", flush=True)
-    pgs, actors = {}, []
-    weights_folder = weight_transfer.folder_for(run_id)
+    spec = RunSpec(rl_cfg=rl_cfg, reward_cfg=reward_cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg,
+                   max_seq_len=max_seq_len, start_model_dir=str(start_model_dir), dataset_dir=str(dataset_dir),
+                   store_root=str(store_root), run_id=run_id, parents=list(parents), state_dir=str(state_dir),
+                   start_model_id=start_model_id, weights_folder=str(weight_transfer.folder_for(run_id)))
     try:
-        pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
-        handles = _role_actors(plan, pgs, workers, model_dir=model_dir, rl_cfg=cfg, reward_cfg=reward_cfg,
-                               model_cfg=model_cfg, placement_cfg=placement_cfg)
-        actors = [h for hs in handles.values() for h in hs]
-        spec = RunSpec(rl_cfg=cfg, reward_cfg=reward_cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg, max_seq_len=max_seq_len,
-                       start_model_dir=model_dir, dataset_dir=str(dataset_dir), store_root=str(store_root),
-                       run_id=run_id, parents=list(parents), state_dir=str(state_dir), start_model_id=start_model_id,
-                       weights_folder=str(weights_folder))
-        controller = pl.create_controller_actor(ControllerActor, spec, handles)
-        actors.append(controller)
-        model_id, history = _wait_for(controller, cfg, role_actors=len(actors) - 1)
+        for attempt in range(rl_cfg.max_restarts + 1):
+            try:
+                model_id, history = _attempt(spec, workers, model_cfg, placement_timeout_s)
+                break
+            except Exception as e:
+                if not isinstance(e, RESTARTABLE):
+                    raise
+                if attempt == rl_cfg.max_restarts:
+                    e.add_note(f"rl: no restarts left (rl.max_restarts = {rl_cfg.max_restarts})")
+                    raise
+                print(f"rl: {type(e).__name__}: {e}\nrl: restart {attempt + 1}/{rl_cfg.max_restarts}: new role actors "
+                      "and controller, resuming from the last checkpoint", flush=True)
     finally:
-        for a in actors:
-            ray.kill(a, no_restart=True)
-        if pgs:
-            pl.remove_placement_groups(pgs)
-        weight_transfer.remove_folder(weights_folder)  # on this node; a pod's /dev/shm goes with the pod
         if started_ray:
             ray.shutdown()
     from posttrain.artifacts import ArtifactStore
 
     model = ArtifactStore(store_root).ref(model_id)
-    return RLResult(model=model, steps=len(history), last_metrics=history[-1] if history else None, history=history)
+    return RLResult(model=model, steps=len(history), last_metrics=history[-1] if history else None, history=history,
+                    restarts=attempt)
+
+
+def _attempt(spec: RunSpec, workers: dict[str, type], model_cfg: ModelConfig | None,
+             placement_timeout_s: float) -> tuple[str, list[StepMetrics]]:
+    """One life of the run's actors: placement, role actors, controller, wait; then everything is released."""
+    import ray
+
+    cfg = spec.rl_cfg
+    available = pl.free_resources(min_cpu=min(1.0, ray.cluster_resources().get("CPU", 1.0)))
+    plan = pl.plan_placement(spec.placement_cfg, with_reference=cfg.kl_coef > 0, available=available)
+    print(f"rl: {plan.describe()}", flush=True)
+    pgs, actors = {}, []
+    try:
+        pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
+        handles = _role_actors(plan, pgs, workers, model_dir=spec.start_model_dir, rl_cfg=cfg,
+                               reward_cfg=spec.reward_cfg, model_cfg=model_cfg, placement_cfg=spec.placement_cfg)
+        actors = [h for hs in handles.values() for h in hs]
+        controller = pl.create_controller_actor(ControllerActor, spec, handles)
+        actors.append(controller)
+        return _wait_for(controller, cfg, role_actors=len(actors) - 1)
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        if pgs:
+            pl.remove_placement_groups(pgs)
+        weight_transfer.remove_folder(spec.weights_folder)  # on this node; a pod's /dev/shm goes with the pod

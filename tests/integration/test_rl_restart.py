@@ -1,0 +1,122 @@
+"""A role actor that dies mid-run (SIGKILL of its own process, once) no longer ends the run: the driver sees
+the lost worker at once, rebuilds every actor, resumes from the last checkpoint and ends with exactly the
+updates - and the final model - of an uninterrupted run. One test per role, plus the step watchdog and
+`rl.max_restarts = 0`. Run alone: `pytest -m ray tests/integration/test_rl_restart.py`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from posttrain.config import PlacementConfig, RewardConfig, RLConfig, TrackingConfig
+from posttrain.rl.roles.policy import PolicyWorker
+from posttrain.rl.roles.reference import ReferenceWorker
+from posttrain.rl.roles.reward import RewardWorker
+from posttrain.rl.roles.rollout import RolloutWorker
+
+pytestmark = pytest.mark.ray
+
+CFG = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, kl_coef=0.02, checkpoint_every=2,
+               remote_timeout_s=60)
+PLACEMENT = PlacementConfig(policy_workers=2, rollout_workers=1, reward_workers=1, reference_workers=1)
+TRACKING = TrackingConfig(wandb_mode="disabled")
+METHOD = {"rollout": (RolloutWorker, "generate"), "reward": (RewardWorker, "score"),
+          "reference": (ReferenceWorker, "log_probs"), "policy": (PolicyWorker, "update")}
+"""Role -> (worker class, the method called once per step)."""
+
+
+def dies_once(role: str, marker: Path, at_call: int) -> type:
+    """The role's worker class, except that its `at_call`-th step call SIGKILLs its own process - once per
+    test (the marker file): the rebuilt actor works normally."""
+    base, method = METHOD[role]
+
+    def call(self, *args, **kwargs):
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._calls == at_call and not os.path.exists(self.marker) and getattr(self, "rank", 0) == 0:
+            Path(self.marker).write_text(f"{role} killed at call {at_call}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return getattr(base, method)(self, *args, **kwargs)
+
+    return type(f"DiesOnce{role.title()}", (base,), {"marker": str(marker), method: call})
+
+
+def _run(tmp_path: Path, tiny, cfg: RLConfig, workers=None, tag: str = "run"):
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.rl.run import run_rl
+
+    store = ArtifactStore(tmp_path / "store")
+    model = store.put("model", "sft", tiny["model_dir"], run_id="t", parents=[], config={})
+    data = store.put("dataset", "addition", tiny["dataset_dir"], run_id="t", parents=[], config={})
+    return run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=PLACEMENT, max_seq_len=32,
+                  tracking_cfg=TRACKING, start_model_dir=tiny["model_dir"], dataset_dir=tiny["dataset_dir"],
+                  store_root=str(store.root), run_id="restart-test", parents=[model.id, data.id],
+                  state_dir=tmp_path / f"state-{tag}", start_model_id=model.id, workers=workers)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_local, tiny_sft_model, tmp_path_factory):
+    """The same 4 steps without a kill: the final model every restarted run must reproduce."""
+    return _run(tmp_path_factory.mktemp("uninterrupted"), tiny_sft_model, CFG)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("role", ["rollout", "reward", "reference", "policy"])
+def test_a_killed_role_actor_is_replaced_and_the_run_ends_as_if_uninterrupted(
+        role, ray_local, tiny_sft_model, tmp_path, uninterrupted, capfd):
+    ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    marker = tmp_path / "killed"
+    res = _run(tmp_path, tiny_sft_model, CFG, workers={role: dies_once(role, marker, at_call=3)})  # in step 3
+    assert marker.exists(), "the worker was never killed: the test proves nothing"
+    assert res.restarts == 1
+    assert [m.step for m in res.history] == [1, 2, 3, 4] and [m.policy_version for m in res.history] == [1, 2, 3, 4]
+    assert res.model.id == uninterrupted.model.id  # step 3 re-done from the step-2 checkpoint: same updates
+    out = capfd.readouterr().out
+    assert "WorkerLostError" in out and f"{role}[" in out and "restart 1/2" in out
+    _assert_released(ray_local)
+
+
+@pytest.mark.timeout(900)
+def test_with_max_restarts_0_a_lost_worker_ends_the_run_naming_it(ray_local, tiny_sft_model, tmp_path):
+    from posttrain.rl.remote import WorkerLostError
+
+    ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with pytest.raises(WorkerLostError, match=r"stage reward\.score: worker reward\[0/1\]") as e:
+        _run(tmp_path, tiny_sft_model, replace(CFG, max_restarts=0),
+             workers={"reward": dies_once("reward", tmp_path / "killed", at_call=1)})
+    assert "no restarts left (rl.max_restarts = 0)" in "".join(e.value.__notes__)
+    _assert_released(ray_local)
+
+
+class SlowRewardWorker(RewardWorker):
+    """Takes 30 s per call: within rl.remote_timeout_s, but over a 5 s rl.step_timeout_s."""
+
+    def score(self, *args, **kwargs):
+        time.sleep(30)
+        return super().score(*args, **kwargs)
+
+
+@pytest.mark.timeout(900)
+def test_the_step_watchdog_names_the_step_and_stage(ray_local, tiny_sft_model, tmp_path):
+    from posttrain.rl.run import StepTimeoutError
+
+    ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    t0 = time.monotonic()
+    with pytest.raises(StepTimeoutError, match=r"step 1 did not finish within rl.step_timeout_s = 5s "
+                                               r"\(the controller is in stage 'reward'\)"):
+        _run(tmp_path, tiny_sft_model, replace(CFG, step_timeout_s=5, max_restarts=0),
+             workers={"reward": SlowRewardWorker})
+    assert time.monotonic() - t0 < 60  # the watchdog, not the 30 s call or the 60 s remote timeout
+    _assert_released(ray_local)
+
+
+def _assert_released(ray, timeout_s: float = 30.0) -> None:
+    deadline = time.time() + timeout_s
+    while ray.available_resources().get("CPU", 0) < 4.0 and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == 4.0, ray.available_resources()
