@@ -124,3 +124,28 @@ def test_gradient_checkpointing_same_sft_loss_and_gradients(folders, world_of_on
     assert abs(ma["loss"] - mb["loss"]) < 1e-5 and ma["loss"] > 0
     assert ga.keys() == gb.keys() and len(ga) > 5
     assert max(float((ga[k] - gb[k]).abs().max()) for k in ga) < 1e-5
+
+
+def test_a_non_finite_sft_loss_stops_before_the_optimizer_step(folders, world_of_one):
+    """SFT's gate: a NaN loss (here a poisoned embedding row the batch reads) raises NonFiniteError naming loss
+    and gradient norm, and no optimizer step touches the other weights."""
+    import math
+
+    from posttrain.sft.trainer import NonFiniteError, train_step, wrap
+
+    tok = load_tokenizer(folders["tok"])
+    enc = [tokenize_for_training(tok, [{"role": "user", "content": f"{a}+1="}, {"role": "assistant", "content": str(a + 1)}],
+                                 64) for a in range(4)]
+    batch = collate(enc, pack=False, pack_length=40, pad_id=tok.pad_token_id)
+    cfg = SFTConfig(nproc=1, global_batch_size=4, micro_batch_size=4)
+    model = wrap(load_model(folders["llama"]), cfg, world_of_one, gradient_checkpointing=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    emb = model.module.get_input_embeddings().weight if hasattr(model, "module") else model.get_input_embeddings().weight
+    with torch.no_grad():
+        emb[int(batch.input_ids[0, 0])] = math.nan
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(NonFiniteError, match=r"loss nan, gradient norm nan"):
+        train_step(model, opt, [batch], cfg=cfg, info=world_of_one, lr=1e-2, autocast=False)
+    after = dict(model.named_parameters())
+    assert all(torch.equal(before[n], after[n].detach()) for n in before if "embed" not in n)
+    assert not opt.state  # AdamW never stepped

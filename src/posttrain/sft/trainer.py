@@ -90,6 +90,10 @@ def _sync_context(model: torch.nn.Module, cfg: SFTConfig, last: bool):
     return contextlib.nullcontext() if last else model.no_sync()
 
 
+class NonFiniteError(RuntimeError):
+    """A NaN or infinite SFT loss or gradient norm: the step stopped before its optimizer step."""
+
+
 def train_step(model, optimizer, micro_batches: list[Batch], *, cfg: SFTConfig, info: DistInfo,
                lr: float, autocast: bool) -> dict:
     """One optimizer step over this rank's micro-batches; identical on every rank."""
@@ -109,10 +113,14 @@ def train_step(model, optimizer, micro_batches: list[Batch], *, cfg: SFTConfig, 
             loss_sum += loss.detach().double()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
     loss_total = all_reduce_sum(loss_sum).item()
     gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    if not (math.isfinite(loss_total) and math.isfinite(float(gn))):  # same on every rank: all stop together
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteError(f"SFT step stopped before the optimizer step: loss {loss_total}, gradient norm "
+                             f"{float(gn)} (rank {info.rank}); the weights and the last saved state are unchanged")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     return {"loss": loss_total, "grad_norm": float(gn), "lr": lr, "tokens": int(global_tokens),
             "loss_tokens": int(global_loss_tokens)}
 
@@ -191,8 +199,11 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     t_start = time.perf_counter()
     for step in range(start, sft_cfg.steps):
         t0 = time.perf_counter()
-        metrics = train_step(model, optimizer, shards.for_step(step), cfg=sft_cfg, info=info,
-                             lr=lr_at(step, sft_cfg), autocast=autocast)
+        try:
+            metrics = train_step(model, optimizer, shards.for_step(step), cfg=sft_cfg, info=info,
+                                 lr=lr_at(step, sft_cfg), autocast=autocast)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"step {step + 1}: {e}") from None
         metrics["tokens_per_s"] = metrics["tokens"] / (time.perf_counter() - t0)
         tracker.log(step, metrics)
         done = step + 1
@@ -232,7 +243,9 @@ def save_state(state: Path, model, optimizer, step: int, wandb_id: str | None, i
 
 
 def load_state(state: Path, model, optimizer) -> tuple[int, str | None]:
-    """Restore the newest complete state; returns (step to start from, wandb run id)."""
+    """Restore the newest complete state; returns (step to start from, wandb run id). When it resumes, rank 0
+    prints `sft: resuming at step N of saved state <folder>` (N: the first step run now, as the metric lines
+    number it; steps before it are not redone)."""
     state.mkdir(parents=True, exist_ok=True)
     done = sorted(p for p in state.glob("step-*") if not p.name.endswith(".tmp") and (p / "meta.json").exists())
     if not done:
@@ -248,4 +261,6 @@ def load_state(state: Path, model, optimizer) -> tuple[int, str | None]:
     rng = last / f"rng-rank{dist.get_rank()}.pt"
     if rng.exists():
         torch.set_rng_state(torch.load(rng, weights_only=True)["cpu_rng"])
+    if dist.get_rank() == 0:
+        print(f"sft: resuming at step {meta['step']} of saved state {last}", flush=True)
     return meta["step"], meta.get("wandb_id")
