@@ -1,11 +1,16 @@
-"""The only container images of the project, as flytekit ImageSpecs (CPU and GPU), pinned to one set.
+"""The container image of the project, as a flytekit ImageSpec, pinned to one set.
 
-Both install `requirements.lock` - the exact set `make` installs locally - so a cluster run uses the same
+It installs `requirements.lock` - the exact set `make` installs locally - so a cluster run uses the same
 library versions as a laptop run. The registry comes from `POSTTRAIN_REGISTRY` (default
 `localhost:30000`, the registry of a Flyte sandbox). Building needs a registry and a builder (docker or
 envd), which is why it is not part of the local run: `pyflyte run` without `--remote` executes the tasks in
 this Python process and never builds. On a cluster: `pyflyte run --remote workflows/pipeline.py pipeline`
 (fast registration ships `src/` and the task code; `PYTHONPATH` below makes the library importable).
+
+Every task uses `cpu_image`. There is no GPU image: a task's image is fixed when the task is defined (at
+import, like the settings in tasks/settings.py), while the recipe - `gpu_single` or any other - is an input
+of the run, so no task could pick an image by recipe. A GPU image that no task named was removed; a GPU
+cluster path needs an import-time switch for the sft/rl/evaluate tasks' image and GPU requests together.
 """
 
 from __future__ import annotations
@@ -27,14 +32,4 @@ cpu_image = ImageSpec(
     registry=_REGISTRY,
     env=_ENV,
 )
-"""CPU tasks: data prep, CPU SFT (gloo), evaluation, and CPU Ray workers."""
-
-gpu_image = ImageSpec(
-    name="posttrain-gpu",
-    python_version="3.11",
-    requirements=_LOCK,
-    cuda="12.8",
-    registry=_REGISTRY,
-    env={**_ENV, "NCCL_DEBUG": "WARN"},
-)
-"""GPU tasks: SFT with NCCL and bf16, and the Ray rollout/train worker groups."""
+"""Every task's image: data prep, SFT (gloo on CPU), evaluation, the RL Ray job and the small tasks."""

@@ -2,6 +2,11 @@
 
 Every invalid value is rejected here, before any stage starts, and each later task receives only its own
 part (plus the run id), so an RL change never invalidates the data-prep or SFT caches.
+
+A rejected config prints `plan: error: <field>: <what is allowed>` first (stdout, flushed), then raises a
+fresh ConfigError without the validator's frames: `pyflyte run` prints every task error as a boxed traceback
+before its message (about 60 lines for a deep validation error; it has no switch to leave it out), so the
+one line comes first and the traceback that follows is the workflow and plan frames only.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from flytekit import current_context, task
 
 from images.specs import cpu_image
 from posttrain.config import (
+    ConfigError,
     DataConfig,
     EvalConfig,
     ModelConfig,
@@ -34,9 +40,14 @@ def plan(recipe: str, overrides: str, run_id: str) -> Plan:
     from posttrain.recipes import resolve
     from posttrain.runtime import new_run_id
 
-    cfg = resolve(recipe, overrides)
-    local = current_context().execution_id.name == "local"  # every local execution is named so
-    settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers, local=local)
+    try:
+        cfg = resolve(recipe, overrides)
+        local = current_context().execution_id.name == "local"  # every local execution is named so
+        settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers,
+                               local=local)
+    except ConfigError as e:  # includes RewardFunctionError; see the module docstring
+        print(f"plan: error: {e}", flush=True)
+        raise ConfigError(str(e)) from None
     rid = run_id or new_run_id()
     print(f"plan: run {rid}, recipe {cfg.name}")
     return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking,

@@ -13,6 +13,11 @@ and the same stage caches. `--model` is a shorthand: a folder sets `model.base_p
 model brings its own tokenizer). Greedy accuracy always; sampled accuracy and pass@k only with `eval.k` > 0.
 It prints the eval line and the `eval` artifact id (`--json`: one JSON object on stdout, progress on stderr).
 What it leaves out: training, and placing the work on a cluster (use the workflows for that).
+
+A user error - a bad setting (`ConfigError`, including `RewardFunctionError`), bad input data
+(`DataValidationError`), a missing artifact or file - prints one line, `posttrain: error: ...`, and exits
+with status 1; `--debug` (before or after the command) shows the traceback instead. Output into a pipe
+whose reader stops early (`posttrain artifacts list | head`) ends quietly with status 141.
 """
 
 from __future__ import annotations
@@ -24,9 +29,14 @@ import os
 import sys
 
 from posttrain.artifacts import ArtifactStore
-from posttrain.artifacts.cli import add_commands, run_command
+from posttrain.artifacts.cli import add_commands, add_debug_flag, run_command, stdout_closed
 from posttrain.artifacts.errors import ArtifactError
 from posttrain.config import ConfigError
+from posttrain.data.validation import DataValidationError
+
+USER_ERRORS = (ConfigError, DataValidationError, ArtifactError, FileNotFoundError)
+"""Errors in what the user gave (settings, reward function, data, artifact ids, paths): `posttrain eval`
+prints their message alone; anything else is a bug and keeps its traceback."""
 
 
 def with_model(overrides: dict, model: str) -> dict:
@@ -66,6 +76,7 @@ def evaluate_model(*, recipe: str, overrides: str, model: str | None, run_id: st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n")[0])
     ap.add_argument("--home", help="store root (default: $POSTTRAIN_HOME or ~/.posttrain)")
+    add_debug_flag(ap, top=True)
     sub = ap.add_subparsers(dest="cmd", required=True)
     ev = sub.add_parser("eval", help="evaluate one model on a dataset's eval split (no Flyte needed)")
     ev.add_argument("--recipe", default="tiny_cpu", help="recipe name (src/posttrain/recipes.py)")
@@ -73,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--model", help="a local HF model folder, or a model artifact id (or unique prefix)")
     ev.add_argument("--run-id", default="", help="run id recorded in the eval manifest (default: a new one)")
     ev.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
+    add_debug_flag(ev, top=False)
     add_commands(sub)
     args = ap.parse_args(argv)
     if args.cmd != "eval":
@@ -82,13 +94,18 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
             result = evaluate_model(recipe=args.recipe, overrides=args.overrides, model=args.model,
                                     run_id=args.run_id, store=store)
-    except (ConfigError, ArtifactError, FileNotFoundError) as e:
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            print(f"eval artifact {result['eval_id']}  (lineage: posttrain lineage {result['eval_id'][:12]})")
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
+    except BrokenPipeError:
+        return stdout_closed()
+    except USER_ERRORS as e:
+        if args.debug:
+            raise
         print(f"posttrain: error: {e}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"eval artifact {result['eval_id']}  (lineage: posttrain lineage {result['eval_id'][:12]})")
     return 0
 
 

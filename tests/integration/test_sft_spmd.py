@@ -146,6 +146,9 @@ def test_resume_after_sigkill_gives_the_same_weights(tmp_path, small_data):
     p = torchrun(2, script, small_data, 24, tmp_path / "resumed", tmp_path / "state-kill")
     steps_logged = [int(ln.split(":")[0].split()[1]) for ln in p.stdout.splitlines() if ln.startswith("step ")]
     assert steps_logged[0] == 8 and steps_logged[-1] == 23  # resumed at the saved cursor; nothing repeated or lost
+    resumed = [ln for ln in p.stdout.splitlines() if ln.startswith("sft: resuming")]
+    assert resumed == [f"sft: resuming at step 8 of saved state {tmp_path / 'state-kill' / 'step-0000008'}"], p.stdout
+    assert "resuming" not in "".join(log)  # the first run started afresh and said nothing of the kind
     a = load_file(str(tmp_path / "full" / "model.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "model.safetensors"))
     assert _max_diff(a, b) <= 1e-6

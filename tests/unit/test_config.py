@@ -79,6 +79,14 @@ def test_invalid_values_name_the_field(overrides, field):
     assert str(e.value).startswith(field), str(e.value)
 
 
+def test_removed_setting_is_refused_with_what_to_do_instead():
+    """sft.epochs_limit was accepted and never read; an override that still sets it must fail, saying so."""
+    with pytest.raises(ConfigError) as e:
+        resolve("tiny_cpu", '{"sft": {"epochs_limit": 1}}')
+    assert str(e.value).startswith("sft.epochs_limit: this setting was removed"), str(e.value)
+    assert "sft.steps" in str(e.value)
+
+
 def test_unknown_recipe_lists_the_allowed_ones():
     with pytest.raises(ConfigError, match="tiny_cpu"):
         resolve("huge")

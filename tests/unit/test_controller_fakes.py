@@ -196,6 +196,20 @@ def _checkpointer(tmp_path):
                         config={}, extra={"reward": "fake"})
 
 
+def test_a_run_redone_from_scratch_logs_each_step_once(tmp_path):
+    """Killed before its first checkpoint (the kill tearing the row it was writing), a run starts again at
+    step 1 and redoes the steps it had logged: the log must hold each step once, not the old rows as well."""
+    ck = _checkpointer(tmp_path)
+    for m in controller().run(2):
+        ck.record(m)
+    with open(ck.log_path, "a") as f:
+        f.write('{"step": 3, "loss"')  # torn by the kill
+    assert not (tmp_path / "state" / "LATEST").exists()
+    controller(checkpointer=ck).run(4)
+    assert ck.logged_steps() == [1, 2, 3, 4]
+    assert len(ck.log_path.read_text().splitlines()) == 4
+
+
 def test_checkpoint_resume_gives_the_same_run(tmp_path):
     uninterrupted = controller()
     full = uninterrupted.run(4)

@@ -17,3 +17,23 @@ def test_ray_worker_groups_are_checked_on_a_cluster_but_not_in_local_execution()
         settings.check_against(n, train, settings.RAY_ROLLOUT_REPLICAS + 1, local=False)
     with pytest.raises(ConfigError, match="sft.nproc.*POSTTRAIN_SFT_NPROC"):  # Elastic starts them locally too
         settings.check_against(n + 1, train, settings.RAY_ROLLOUT_REPLICAS, local=True)
+
+
+def test_every_image_spec_is_some_tasks_image():
+    """images/specs.py defines only images that tasks run in: an ImageSpec no task names does nothing."""
+    import importlib
+    import pkgutil
+
+    from flytekit import ImageSpec
+    from flytekit.core.base_task import PythonTask
+
+    import images.specs
+    import tasks
+
+    defined = {name for name, v in vars(images.specs).items() if isinstance(v, ImageSpec)}
+    used = set()
+    for mod in pkgutil.iter_modules(tasks.__path__):
+        for v in vars(importlib.import_module(f"tasks.{mod.name}")).values():
+            if isinstance(v, PythonTask):
+                used |= {name for name in defined if v.container_image is getattr(images.specs, name)}
+    assert defined and defined <= used, f"ImageSpecs no task uses: {sorted(defined - used)}"

@@ -7,12 +7,17 @@ too (`python -m posttrain.artifacts.cli`) and imports nothing above the artifact
     posttrain [--home ROOT] lineage ID [--json]
     posttrain [--home ROOT] verify ID
     posttrain [--home ROOT] index rebuild
+
+Errors print one line, `posttrain: error: ...`, with exit status 1; `--debug` (before or after the command)
+shows the traceback instead. Output into a pipe whose reader stops early (`posttrain artifacts list | head`)
+ends quietly with status 141, as a command killed by SIGPIPE does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 
@@ -57,6 +62,27 @@ def _tree_json(node: LineageNode) -> dict:
             "metrics": m.metrics, "extra": m.extra, "parents": [_tree_json(p) for p in node.parents]}
 
 
+SIGPIPE_STATUS = 141
+"""Exit status after stdout's reader went away: 128 + SIGPIPE, what a shell reports for `seq 1 1e9 | head`."""
+
+
+def stdout_closed() -> int:
+    """Call on BrokenPipeError from writing stdout: points stdout's file descriptor at /dev/null, so the
+    interpreter's final flush of what is still buffered cannot raise (and print) again, and returns
+    SIGPIPE_STATUS for the caller to exit with. Prints nothing: the reader has stopped listening on purpose."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_STATUS
+
+
+def add_debug_flag(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """`--debug`: show the traceback of an error instead of its one-line message. Added to the top parser
+    (`top`, default False) and to each subcommand (no default, so it does not reset a top-level --debug)."""
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="show the traceback of an error instead of one line")
+
+
 def add_commands(sub) -> None:
     """The store's subcommands (artifacts, lineage, verify, index), added to an argparse subparsers object."""
     arts = sub.add_parser("artifacts", help="list stored artifacts").add_subparsers(dest="sub", required=True)
@@ -71,11 +97,14 @@ def add_commands(sub) -> None:
     ver.add_argument("id")
     idx = sub.add_parser("index", help="rebuild the SQLite index from the manifests").add_subparsers(
         dest="sub", required=True)
-    idx.add_parser("rebuild")
+    rebuild = idx.add_parser("rebuild")
+    for p in (ls, lin, ver, rebuild):
+        add_debug_flag(p, top=False)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run one of the store's subcommands; errors are printed (no traceback) with exit status 1."""
+    """Run one of the store's subcommands; errors are printed (no traceback unless `args.debug`) with exit
+    status 1, and a closed stdout pipe ends quietly (`stdout_closed`)."""
     try:
         store = ArtifactStore(args.home)
         if args.cmd == "artifacts":
@@ -93,7 +122,12 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"ok: {m.kind} {m.id[:12]} ({m.name}): {len(m.files)} files match their sha256")
         elif args.cmd == "index":
             print(f"index rebuilt from manifests: {store.rebuild_index()} artifacts")
+        sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
+    except BrokenPipeError:
+        return stdout_closed()
     except ArtifactError as e:
+        if getattr(args, "debug", False):
+            raise
         print(f"posttrain: error: {e}", file=sys.stderr)
         return 1
     return 0
@@ -102,6 +136,7 @@ def run_command(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n")[0])
     ap.add_argument("--home", help="store root (default: $POSTTRAIN_HOME or ~/.posttrain)")
+    add_debug_flag(ap, top=True)
     add_commands(ap.add_subparsers(dest="cmd", required=True))
     return run_command(ap.parse_args(argv))
 

@@ -26,6 +26,14 @@ def to_dict(cfg: typing.Any) -> typing.Any:
     return cfg
 
 
+REMOVED = {
+    "sft.epochs_limit": "it was never read (SFT always ran sft.steps optimizer steps); set sft.steps instead "
+                        "(one pass over the data is train examples / sft.global_batch_size steps)",
+}
+"""Settings that existed once and were taken out, by field path, with what to do instead: an override that
+still sets one is refused with this message rather than the generic unknown-field list."""
+
+
 def from_dict(cls: type, data: dict, path: str = "") -> typing.Any:
     """Build config class `cls` from a dict, naming the field path of any unknown key or bad type."""
     if not isinstance(data, dict):
@@ -33,6 +41,10 @@ def from_dict(cls: type, data: dict, path: str = "") -> typing.Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
+    for k in unknown:
+        where = f"{path}.{k}" if path else k
+        if where in REMOVED:
+            raise ConfigError(f"{where}: this setting was removed: {REMOVED[where]}")
     if unknown:
         raise ConfigError(f"{path or cls.__name__}: unknown field(s) {unknown}; allowed: {sorted(names)}")
     kwargs = {k: _coerce(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()}

@@ -12,7 +12,8 @@ The step folder is assembled under a temporary name, renamed into place, and onl
 file (replaced atomically) point at it - a SIGKILL at any moment leaves the previous checkpoint intact.
 
 `steps.jsonl` in state_dir is the per-step log (one line per finished update). On resume it is cut back
-to the checkpoint's step, so after a kill and a restart every step appears exactly once.
+to the checkpoint's step - to nothing when no checkpoint was saved yet and the run starts again at step 1 -
+so after a kill and a restart every step appears exactly once (a row torn by the kill is dropped too).
 
 Leaves out: shared storage. state_dir and the policy's checkpoint folder must be reachable from the
 controller and policy rank 0 (one node locally; a shared volume on a multi-node cluster).
@@ -133,6 +134,15 @@ class ResumeState:
     """StepMetrics.flat() of every step so far."""
 
 
+def _log_row(line: str) -> dict | None:
+    """One steps.jsonl row, or None for a blank line or one torn by a kill while it was being written."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return row if isinstance(row, dict) and "step" in row else None
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
@@ -163,9 +173,20 @@ class Checkpointer:
             os.fsync(f.fileno())
 
     def logged_steps(self) -> list[int]:
+        """The step of every complete row of steps.jsonl, in file order."""
         if not self.log_path.exists():
             return []
-        return [json.loads(line)["step"] for line in self.log_path.read_text().splitlines() if line.strip()]
+        return [row["step"] for row in map(_log_row, self.log_path.read_text().splitlines()) if row is not None]
+
+    def _cut_log(self, last_step: int) -> None:
+        """Keep only the rows of steps <= `last_step` (the restored checkpoint's step; 0 for a start from
+        scratch): the steps after it are redone now and log their rows again. Rewritten atomically; a row
+        torn by a kill in the middle of `record` is dropped."""
+        if not self.log_path.exists():
+            return
+        keep = [line for line in self.log_path.read_text().splitlines()
+                if (row := _log_row(line)) is not None and row["step"] <= last_step]
+        _write_atomic(self.log_path, "".join(line + "\n" for line in keep))
 
     # ----------------------------------------------------------------------------------- save
 
@@ -209,19 +230,18 @@ class Checkpointer:
                            history=d["history"])
 
     def restore(self, policy: PolicyGroup) -> ResumeState | None:
-        """Load the newest state into the policy group; None when state_dir holds no checkpoint."""
+        """Load the newest state into the policy group; None when state_dir holds no checkpoint. Either way
+        steps.jsonl is cut back to the step the run continues from (`_cut_log`)."""
         state = self.latest()
-        if state is None:
+        if state is None:  # nothing saved yet: the run starts again at step 1 and redoes every logged step
+            self._cut_log(0)
             return None
         folder = self.state_dir / (self.state_dir / "LATEST").read_text().strip()
         version = policy.load_state(str(folder / "policy"))
         if version != state.policy_version:
             raise RuntimeError(f"resume: policy state in {folder} holds version {version}, controller.json says "
                                f"{state.policy_version}")
-        if self.log_path.exists():  # drop steps done after the checkpoint: they are redone now
-            keep = [line for line in self.log_path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= state.step]
-            _write_atomic(self.log_path, "".join(line + "\n" for line in keep))
+        self._cut_log(state.step)  # drop steps done after the checkpoint: they are redone now
         return state
 
     def model_ref(self, model_id: str) -> ArtifactRef:

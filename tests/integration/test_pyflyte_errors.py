@@ -1,0 +1,25 @@
+"""`pyflyte run` with a bad setting, as a user types it: the one-line reason comes before pyflyte's boxed
+traceback (which pyflyte prints for every task error and has no switch to leave out)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PYFLYTE = str(Path(sys.executable).parent / "pyflyte")
+
+
+def test_a_bad_override_prints_its_one_line_reason_first(tmp_path):
+    env = {**os.environ, "POSTTRAIN_HOME": str(tmp_path / "home"), "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run([PYFLYTE, "run", "workflows/pipeline.py", "pipeline", "--overrides", '{"rl": {"steps": -1}}'],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                         check=False)
+    assert out.returncode != 0
+    lines = out.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if "rl.steps" in line or "Traceback" in line)
+    assert lines[first] == "plan: error: rl.steps: must be >= 1", out.stdout
+    assert not (tmp_path / "home").exists()  # rejected before any stage wrote to the store
+    assert len(lines) < 40, out.stdout  # the traceback after it holds the workflow and plan frames only
