@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,6 +123,7 @@ def test_sft_state_survives_a_killed_run_and_the_rerun_resumes_then_deletes_it(t
     assert saved, "the killed run's state was deleted"
     last = int(saved[-1].name.split("-")[1])
     out, stdout = _run(home, tiny_sft_model, "long")
-    first_logged = int(stdout.split("step ", 1)[1].split(":")[0])
+    first_logged = int(re.search(r"^step (\d+):", stdout, re.M).group(1))
     assert first_logged == last >= 1  # resumed from the newest saved step (a fresh start logs step 0)
+    assert f"sft: resuming at step {last} of saved state " in stdout  # and said so
     assert out["state"] == []

@@ -37,3 +37,25 @@ def test_every_image_spec_is_some_tasks_image():
             if isinstance(v, PythonTask):
                 used |= {name for name in defined if v.container_image is getattr(images.specs, name)}
     assert defined and defined <= used, f"ImageSpecs no task uses: {sorted(defined - used)}"
+
+
+def test_sft_and_rl_tasks_are_retried_and_sft_ranks_restarted():
+    """Flyte retries the two long tasks (a lost pod, a FlyteRecoverableException), and torch elastic restarts
+    dead SFT ranks inside the task; a task without them ends the pipeline on the first lost worker."""
+    from tasks.rl import rl
+    from tasks.sft import sft
+
+    assert settings.TASK_RETRIES >= 1
+    assert rl.metadata.retries == sft.metadata.retries == settings.TASK_RETRIES
+    assert sft.task_config.max_restarts == settings.SFT_MAX_RESTARTS >= 1
+
+
+def test_rl_errors_past_its_restarts_are_recoverable_for_flyte_and_others_are_not():
+    from posttrain.rl.remote import RemoteTimeoutError, RemoteWorkerError, WorkerLostError
+    from posttrain.rl.run import RESTARTABLE, StepTimeoutError
+    from posttrain.rl.weight_sync import StaleWeightsError
+
+    for e in (WorkerLostError("x"), RemoteTimeoutError("x"), StepTimeoutError("x")):
+        assert isinstance(e, RESTARTABLE)
+    for e in (RemoteWorkerError("x"), StaleWeightsError("x"), ConfigError("x"), ValueError("x")):
+        assert not isinstance(e, RESTARTABLE)
