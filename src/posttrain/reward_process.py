@@ -167,7 +167,8 @@ def _address_space() -> int:
 
 
 def _limit_memory(memory_mb: int) -> None:
-    if memory_mb > 0:
+    """Linux only (where /proc gives the address space; RLIMIT_AS is not enforced on macOS)."""
+    if memory_mb > 0 and sys.platform.startswith("linux"):
         cap = _address_space() + memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 

@@ -7,20 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from posttrain.artifacts import ArtifactIntegrityError, ArtifactNotFoundError, ArtifactStore, StoreConfigError
 from posttrain.artifacts.store import default_root
-
-
-def _folder(tmp: Path, name: str, files: dict[str, str]) -> Path:
-    d = tmp / name
-    for rel, text in files.items():
-        (d / rel).parent.mkdir(parents=True, exist_ok=True)
-        (d / rel).write_text(text)
-    return d
+from tests.files import write_folder as _folder
 
 
 def test_put_get_round_trip_and_same_content_same_id(tmp_path):

@@ -14,14 +14,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.artifacts import ArtifactStore
-
-
-def _folder(tmp: Path, name: str, files: dict[str, str]) -> Path:
-    d = tmp / name
-    for rel, text in files.items():
-        (d / rel).parent.mkdir(parents=True, exist_ok=True)
-        (d / rel).write_text(text)
-    return d
+from tests.files import write_folder as _folder
 
 
 def _ancestors(node) -> list[str]:
@@ -106,29 +99,26 @@ def _spoil_empty(p: Path) -> None:
     p.write_bytes(b"")
 
 
-def _spoil_no_table(p: Path) -> None:
+def _new_db(p: Path, statement: str) -> None:
+    """Replace the index with a fresh SQLite file holding only `statement`'s effect."""
     p.unlink()
     con = sqlite3.connect(p)
-    con.execute("CREATE TABLE something_else (x INTEGER)")
+    con.execute(statement)
     con.commit()
     con.close()
+
+
+def _spoil_no_table(p: Path) -> None:
+    _new_db(p, "CREATE TABLE something_else (x INTEGER)")
 
 
 def _spoil_old_schema(p: Path) -> None:
-    p.unlink()
-    con = sqlite3.connect(p)
-    con.execute("CREATE TABLE artifacts (id TEXT PRIMARY KEY, kind TEXT)")  # a table of the same name, other columns
-    con.commit()
-    con.close()
+    _new_db(p, "CREATE TABLE artifacts (id TEXT PRIMARY KEY, kind TEXT)")  # the same name, other columns
 
 
 def _spoil_marked_no_table(p: Path) -> None:
     """Marked complete but without the tables: the first query fails, the index is rebuilt and asked again."""
-    p.unlink()
-    con = sqlite3.connect(p)
-    con.execute("PRAGMA user_version = 2")
-    con.commit()
-    con.close()
+    _new_db(p, "PRAGMA user_version = 2")
 
 
 def _spoil_stale(p: Path) -> None:

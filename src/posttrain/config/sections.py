@@ -197,7 +197,8 @@ class RewardConfig:
     memory_mb: int = 2048
     """Memory the function may take on top of what importing it took (the reward process's address-space
     limit, RLIMIT_AS, is set to its size after the import plus this); over it, the call fails with the reason
-    and the process is replaced. 0: no limit. Applies only with `fn` set (built-in verifiers run in-process)."""
+    and the process is replaced. 0: no limit. Applies only with `fn` set (built-in verifiers run in-process)
+    and on Linux."""
     cpu_s: float = 10.0
     """CPU seconds one call may use, all threads of the reward process together (RLIMIT_CPU, raised before
     each call); over it the process is killed and replaced and the call fails with the reason. 0: no limit.

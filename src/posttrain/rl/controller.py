@@ -26,8 +26,9 @@ A step stops with `RewardFailureError` (naming the function, the failure count, 
 when more than `rl.max_reward_failure_rate` of its reward calls failed - before the update, so no weights
 are trained on a broken reward. It stops with `NonFiniteError` (naming the step, the stage and the tensor)
 on a non-finite rollout log-prob, reward, reference log-prob or advantage (before the update) or loss or
-gradient norm (the update stops before its optimizer step), and with `WeightDriftError` when the update measured drift above `rl.drift_threshold`
-or NaN (also before its optimizer step); either way no checkpoint holds the poisoned step.
+gradient norm (the update stops before its optimizer step), and with `WeightDriftError` when the update
+measured drift above `rl.drift_threshold` or NaN (also before its optimizer step); either way no checkpoint
+holds the poisoned step.
 
 Leaves out: asynchronous / off-policy rollouts (generation waits for the sync), a critic (PPO), and
 dynamic batch filtering (groups whose rewards are all equal simply get zero advantage).

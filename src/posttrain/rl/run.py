@@ -167,20 +167,22 @@ def _role_actors(plan, pgs: dict, workers: dict[str, type], *, model_dir: str, r
 
 def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list[StepMetrics]]:
     """Wait for the controller actor to start, then for its `cfg.steps` steps under the step watchdog; a
-    failure inside it is raised here as the controller's own exception."""
+    failure inside it is raised here as the controller's own exception, a dead controller as WorkerLostError
+    and a start that overran as RemoteTimeoutError (both restartable)."""
     import ray
 
     t0 = time.perf_counter()
     start_timeout = cfg.remote_timeout_s * WAIT_CALLS_PER_STEP
     try:
-        ray.get(controller.ready.remote(), timeout=start_timeout)
-    except ray.exceptions.GetTimeoutError:
-        raise TimeoutError(f"rl: the controller and its role actors did not start within {start_timeout:.0f}s "
-                           "(rl.remote_timeout_s x 10)") from None
-    print(f"rl: {role_actors} role actors and the controller started in {time.perf_counter() - t0:.1f}s", flush=True)
-    run = controller.run.remote(cfg.steps)
-    seen, since = -1, time.monotonic()
-    try:
+        try:
+            ray.get(controller.ready.remote(), timeout=start_timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise RemoteTimeoutError(f"rl: the controller and its role actors did not start within "
+                                     f"{start_timeout:.0f}s (rl.remote_timeout_s x 10)") from None
+        print(f"rl: {role_actors} role actors and the controller started in {time.perf_counter() - t0:.1f}s",
+              flush=True)
+        run = controller.run.remote(cfg.steps)
+        seen, since = -1, time.monotonic()
         while not ray.wait([run], timeout=WATCHDOG_POLL_S)[0]:
             step, stage = ray.get(controller.progress.remote(), timeout=cfg.remote_timeout_s)
             if step != seen:
@@ -198,6 +200,8 @@ def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list
             raise cause from e
         raise
     except ray.exceptions.RayActorError as e:
+        if e.actor_init_failed:  # its __init__ raised (bad data, a failing worker): a restart would repeat it
+            raise RuntimeError(f"rl: the controller actor failed to start: {e}") from e
         raise WorkerLostError(f"rl: the controller actor is gone ({type(e).__name__}): {e}") from e
 
 
@@ -226,9 +230,7 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
             try:
                 model_id, history = _attempt(spec, workers, model_cfg, placement_timeout_s)
                 break
-            except Exception as e:
-                if not isinstance(e, RESTARTABLE):
-                    raise
+            except RESTARTABLE as e:
                 if attempt == rl_cfg.max_restarts:
                     e.add_note(f"rl: no restarts left (rl.max_restarts = {rl_cfg.max_restarts})")
                     raise

@@ -175,18 +175,7 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
         tokenizer = load_tokenizer(tokenizer_dir)
         model = build_model(model_cfg, tokenizer)
     pack_length = sft_cfg.pack_length or model_cfg.max_seq_len
-    encoded, dropped = [], 0
-    for ex in read_examples(dataset_dir, "train"):
-        if ex["messages"][-1]["role"] != "assistant":
-            continue
-        enc = tokenize_for_training(tokenizer, ex["messages"], min(model_cfg.max_seq_len, pack_length))
-        if enc is None:
-            dropped += 1
-        else:
-            encoded.append(enc)
-    if not encoded:
-        raise ValueError(f"no trainable examples in {dataset_dir}: SFT needs conversations ending with an assistant "
-                         f"turn no longer than model.max_seq_len={model_cfg.max_seq_len} tokens ({dropped} too long)")
+    encoded, dropped = encode_train_split(dataset_dir, tokenizer, min(model_cfg.max_seq_len, pack_length))
     model = wrap(model, sft_cfg, info, gradient_checkpointing=model_cfg.gradient_checkpointing)
     optimizer = make_optimizer(model, sft_cfg)
     shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
@@ -210,6 +199,34 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
         if (sft_cfg.save_every and done % sft_cfg.save_every == 0) or done == sft_cfg.steps:
             save_state(state, model, optimizer, done, tracker.wandb_id, info)
     tracker.close()
+    save_final(model, model_cfg, tokenizer, base_model_dir, out_dir, info)
+    return {**{k: v for k, v in metrics.items()}, "steps": sft_cfg.steps, "world_size": info.world_size,
+            "train_examples": len(encoded), "dropped_too_long": dropped,
+            "wall_s": time.perf_counter() - t_start}
+
+
+def encode_train_split(dataset_dir, tokenizer, max_len: int) -> tuple[list, int]:
+    """(token ids and labels of every train conversation that ends with an assistant turn and fits `max_len`,
+    how many were too long); refuses a split with nothing to train on."""
+    encoded, dropped = [], 0
+    for ex in read_examples(dataset_dir, "train"):
+        if ex["messages"][-1]["role"] != "assistant":
+            continue
+        enc = tokenize_for_training(tokenizer, ex["messages"], max_len)
+        if enc is None:
+            dropped += 1
+        else:
+            encoded.append(enc)
+    if not encoded:
+        raise ValueError(f"no trainable examples in {dataset_dir}: SFT needs conversations ending with an assistant "
+                         f"turn no longer than {max_len} tokens (model.max_seq_len / sft.pack_length; "
+                         f"{dropped} too long)")
+    return encoded, dropped
+
+
+def save_final(model, model_cfg: ModelConfig, tokenizer, base_model_dir, out_dir, info: DistInfo) -> None:
+    """Gather the full weights (every rank takes part) and rank 0 writes them as an HF folder: into a fresh
+    model of the config, or of the base folder's architecture."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if info.rank == 0:
         final = build_model(model_cfg, tokenizer) if not base_model_dir else load_model(base_model_dir)
@@ -218,9 +235,6 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
             final.tie_weights()
         save_model(final, tokenizer, out_dir)
     dist.barrier()
-    return {**{k: v for k, v in metrics.items()}, "steps": sft_cfg.steps, "world_size": info.world_size,
-            "train_examples": len(encoded), "dropped_too_long": dropped,
-            "wall_s": time.perf_counter() - t_start}
 
 
 def save_state(state: Path, model, optimizer, step: int, wandb_id: str | None, info: DistInfo) -> None:

@@ -31,7 +31,8 @@ version that sampled them; the update's first forward (epoch 0, before any optim
 those, so no separate forward is run: each rank sums |policy - rollout| over its tokens, the group all-reduces
 sums and counts, and every rank sees the same mean. Above `rl.drift_threshold` - or NaN - the update stops
 before its optimizer step, as it does when the group's loss or the (all-reduced, so identical on every rank)
-gradient norm is not finite: the weights and version stay as they were and the stats say why (`applied` False, `stopped`).
+gradient norm is not finite: the weights and version stay as they were and the stats say why (`applied`
+False, `stopped`).
 """
 
 from __future__ import annotations
