@@ -105,3 +105,60 @@ def smollm2_dir():
     except Exception as e:  # noqa: BLE001 - the message says how to build by hand or deselect
         pytest.fail(f"building SmolLM2-135M-Instruct failed (run `make real-model` to see why, or deselect "
                     f"these tests with -m 'not real_model'): {e}", pytrace=False)
+
+
+# --------------------------------------------------------------------------------------------- S3 store
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3-protocol server (moto's, in its own process on a free port) and the environment that points
+    s3fs (and so fsspec `s3://` URLs) at it: `{"endpoint": ..., "env": {...}}`. Subprocesses get `env`; this
+    process has it set for the session."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    pytest.importorskip("moto")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(tmp_path_factory.mktemp("s3") / "moto.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT)
+        endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2)
+                break
+            except urllib.error.HTTPError:  # it answered
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, f"moto server did not start: see {log.name}"
+                time.sleep(0.2)
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+               "AWS_DEFAULT_REGION": "us-east-1"}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        yield {"endpoint": endpoint, "env": env}
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture
+def s3_root(s3_server, request):
+    """A fresh bucket on the session's S3 server; yields its root URL `s3://<bucket>`."""
+    import re
+    import uuid
+
+    import fsspec
+
+    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:8]
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.mkdir(bucket)
+    yield f"s3://{bucket}"

@@ -20,7 +20,6 @@ The toy task: a prompt is a list of token ids; the answer is the token the respo
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -37,6 +36,7 @@ from posttrain.rl.roles.reward import RewardGroup, RewardWorker
 from posttrain.rl.state import PromptSampler
 from posttrain.rl.types import (
     LogProbs,
+    ModelPut,
     PromptBatch,
     Rewards,
     TrainBatch,
@@ -251,24 +251,32 @@ class FakePolicyGroup:
         w = _clone(self.model)
         return WeightsHandle(version=self.version, checksum=weights_checksum(w), payload=w)
 
-    def save(self, out_dir: str) -> None:
+    def save_model(self, put: ModelPut) -> str:
+        import tempfile
+
         from safetensors.torch import save_file
 
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        save_file(_clone(self.model), str(Path(out_dir) / "model.safetensors"))
-        (Path(out_dir) / "config.json").write_text(json.dumps({"model_type": "bigram", "vocab_size": VOCAB}))
+        from posttrain.artifacts import ArtifactStore
+
+        with tempfile.TemporaryDirectory() as out_dir:
+            save_file(_clone(self.model), str(Path(out_dir) / "model.safetensors"))
+            (Path(out_dir) / "config.json").write_text(json.dumps({"model_type": "bigram", "vocab_size": VOCAB}))
+            (Path(out_dir) / "posttrain_rl.json").write_text(json.dumps(put.provenance, sort_keys=True))
+            return ArtifactStore(put.store_root).put("model", put.name, out_dir, run_id=put.run_id,
+                                                     parents=put.parents, config=put.config, metrics=put.metrics,
+                                                     extra=put.extra).id
 
     def save_state(self, state_dir: str) -> None:
-        Path(state_dir).mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save({"model": self.model.state_dict(), "optim": self.opt.state_dict(), "version": self.version,
-                    "rng": torch.get_rng_state()}, buf)
-        tmp = Path(state_dir) / ".rank0.pt.tmp"
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, Path(state_dir) / "rank0.pt")
+        from posttrain.artifacts.state import write_file
+
+        write_file(f"{state_dir}/rank0.pt", lambda p: torch.save(
+            {"model": self.model.state_dict(), "optim": self.opt.state_dict(), "version": self.version,
+             "rng": torch.get_rng_state()}, p))
 
     def load_state(self, state_dir: str) -> int:
-        s = torch.load(Path(state_dir) / "rank0.pt", weights_only=True)
+        from posttrain.artifacts.state import read_file
+
+        s = read_file(f"{state_dir}/rank0.pt", lambda p: torch.load(p, weights_only=True))
         self.model.load_state_dict(s["model"])
         self.opt.load_state_dict(s["optim"])
         torch.set_rng_state(s["rng"])

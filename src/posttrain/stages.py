@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
+from posttrain.artifacts.state import StateDir
 from posttrain.config import (
     ConfigError,
     DataConfig,
@@ -163,12 +164,14 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
     # Before any training: every rank measures (cheap) so that all of them stop on a budget that cannot fit.
     _check_budget(ds_dir, base_dir or tok_dir, max_seq_len=model.max_seq_len, max_new_tokens=0, sft=True,
                   setting="")
-    state_dir = _local_state_dir(store, "sft", key)  # stable across retries: a killed run resumes here
+    state = StateDir.under_store(store.root, "sft", key)  # stable across retries and nodes: a killed run resumes
+    if rank == 0:
+        print(f"sft: state in {state}", flush=True)
     with tempfile.TemporaryDirectory(prefix="posttrain-sft-") as tmp:
         out_dir = Path(tmp) / "model"
         metrics = run_sft(model_cfg=model, sft_cfg=sft_cfg, tracking_cfg=tracking, dataset_dir=ds_dir,
                           tokenizer_dir=tok_dir, base_model_dir=base_dir, out_dir=out_dir,
-                          state_dir=state_dir, run_name=f"sft-{run_id}")
+                          state_dir=state, run_name=f"sft-{run_id}")
         if rank != 0:
             return None
         parents = [dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
@@ -178,7 +181,7 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
                         world_size=int(os.environ.get("WORLD_SIZE", "1")))
     store.cache_put(key, ref)
     if not sft_cfg.keep_state:  # only after the model is stored: a failed run keeps its state and resumes
-        _drop_state(state_dir)
+        _drop_state(state)
     print(f"sft: model {ref.short} (final loss {metrics.get('loss', float('nan')):.4f})")
     return ref
 
@@ -258,15 +261,16 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     # Before any generation: the train prompts plus rl.max_new_tokens must fit the model's context budget.
     _check_budget(ds_dir, start_dir, max_seq_len=max_seq_len, max_new_tokens=rl_cfg.max_new_tokens, sft=False,
                   setting="rl.max_new_tokens")
-    state_dir = _local_state_dir(store, "rl", key)
+    state = StateDir.under_store(store.root, "rl", key)
+    print(f"rl: state in {state}", flush=True)
     result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, model_cfg=model_cfg, placement_cfg=placement,
                     max_seq_len=max_seq_len,
                     tracking_cfg=tracking, start_model_dir=start_dir, dataset_dir=ds_dir, store_root=str(store.root),
-                    run_id=run_id, parents=[start_model.id, dataset.id], state_dir=state_dir,
+                    run_id=run_id, parents=[start_model.id, dataset.id], state_dir=state.location,
                     start_model_id=start_model.id)
     store.cache_put(key, result.model)
     if not rl_cfg.keep_state:  # only after the final model is stored: a failed run keeps its state and resumes
-        _drop_state(state_dir)
+        _drop_state(state)
     print(f"rl: model {result.model.short} after {result.steps} updates")
     return result.model
 
@@ -289,23 +293,8 @@ def _check_budget(dataset_dir: Path, tokenizer_dir: Path, *, max_seq_len: int, m
                  sft=sft, **kwargs)
 
 
-def _drop_state(state_dir: Path) -> None:
+def _drop_state(state: StateDir) -> None:
     """Delete a finished stage's resumable state (checkpoints, optimizer, step log), keeping its offline
     tracking logs (`wandb/`): once the final model is stored, the state only costs disk."""
-    import shutil
-
-    for child in state_dir.iterdir():
-        if child.name != "wandb":
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-    if not any(state_dir.iterdir()):
-        state_dir.rmdir()
-    print(f"state: deleted {state_dir} (set sft.keep_state / rl.keep_state to keep it)")
-
-
-def _local_state_dir(store: ArtifactStore, stage: str, key: str) -> Path:
-    """Resumable training state lives beside the store (locally) and is kept apart from artifacts."""
-    root = store.root if "://" not in str(store.root) else os.path.join(tempfile.gettempdir(), "posttrain")
-    path = Path(root) / "state" / stage / key[:24]
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
+    state.drop()
+    print(f"state: deleted {state} (set sft.keep_state / rl.keep_state to keep it)")

@@ -25,7 +25,9 @@ from posttrain.config import PlacementConfig, RewardConfig, RLConfig, TrackingCo
 from posttrain.rl.run import run_rl
 
 a = json.loads(sys.argv[1])
-ray.init(address=a["address"], log_to_driver=False)
+# The job's actors (controller, policy rank 0) write to the store: they need its credentials, as every
+# node of a real cluster does.
+ray.init(address=a["address"], log_to_driver=False, runtime_env={"env_vars": a["env"]})
 cfg = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, kl_coef=0.0, checkpoint_every=2,
                remote_timeout_s=60)
 res = run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=PlacementConfig(policy_workers=2), max_seq_len=32,
@@ -38,35 +40,57 @@ print("RESULT " + json.dumps({"model": res.model.id, "steps": res.steps,
 
 
 @pytest.mark.timeout(900)
-def test_sigkill_after_first_checkpoint_then_resume(ray_local, tiny_sft_model, tmp_path):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_sigkill_after_first_checkpoint_then_resume(ray_local, tiny_sft_model, tmp_path, request, where):
+    """`s3`: store and state under an s3:// root (a real S3-protocol server), and the resumed run on "another
+    node" (its own HOME and TMPDIR: no local cache, index, step log or temporary file of the killed run) - it resumes from the root alone."""
     from posttrain.artifacts import ArtifactStore
+    from posttrain.artifacts.state import StateDir
 
-    store = ArtifactStore(tmp_path / "store")
+    env = {}
+    if where == "s3":
+        env = request.getfixturevalue("s3_server")["env"]
+        root = f"{request.getfixturevalue('s3_root')}/store"
+    else:
+        root = str(tmp_path / "store")
+    store = ArtifactStore(root)
     model = store.put("model", "sft", tiny_sft_model["model_dir"], run_id="t", parents=[], config={})
     data = store.put("dataset", "addition", tiny_sft_model["dataset_dir"], run_id="t", parents=[], config={})
-    state = tmp_path / "state"
+    state = StateDir(f"{root}/state/rl/resume-test")
     args = json.dumps({"address": ray_local.get_runtime_context().gcs_address, "store": str(store.root),
                        "model_dir": str(tiny_sft_model["model_dir"]), "dataset_dir": str(tiny_sft_model["dataset_dir"]),
-                       "parents": [model.id, data.id], "state_dir": str(state)})
+                       "parents": [model.id, data.id], "state_dir": state.location, "env": env})
     cmd = [sys.executable, "-c", DRIVER, args]
 
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    def node(name: str) -> dict:
+        if where == "local":
+            return {**os.environ}
+        (tmp_path / name / "tmp").mkdir(parents=True, exist_ok=True)
+        token = os.path.expanduser("~/.ray/auth_token")  # the session cluster's, found through the real HOME
+        return {**os.environ, **env, "HOME": str(tmp_path / name), "TMPDIR": str(tmp_path / name / "tmp"),
+                **({"RAY_AUTH_TOKEN_PATH": token} if os.path.exists(token) else {})}
+
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=node("node-a"))
     deadline = time.time() + 90
-    while not (state / "LATEST").exists() and first.poll() is None and time.time() < deadline:
+    while not state.exists("LATEST") and first.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert first.poll() is None, f"the run ended before its first checkpoint:\n{first.stdout.read()[-3000:]}"
-    assert (state / "LATEST").exists(), "no checkpoint within 90 s"
+    assert state.exists("LATEST"), "no checkpoint within 90 s"
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
-    assert (state / "LATEST").read_text() == "step-000002"
+    assert state.read_text("LATEST") == "step-000002"
 
     _wait_released(ray_local)  # Ray reaps the dead driver's actors and placement groups
-    second = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180, env=node("node-b"))
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
     result = json.loads(second.stdout.split("RESULT ", 1)[1])
     assert result["steps"] == 4 and result["versions"] == [1, 2, 3, 4]
-    logged = [json.loads(line)["step"] for line in (state / "steps.jsonl").read_text().splitlines()]
-    assert logged == [1, 2, 3, 4]  # each update exactly once, though step 3 may have run before the kill
+    # each update exactly once, though step 3 may have run before the kill (the log committed with the last
+    # checkpoint; locally also the live log)
+    logs = [state.read_text("step-000004/steps.jsonl")] + ([(tmp_path / "store/state/rl/resume-test/steps.jsonl")
+                                                             .read_text()] if where == "local" else [])
+    for log in logs:
+        assert [json.loads(line)["step"] for line in log.splitlines()] == [1, 2, 3, 4]
     manifest = store.manifest(result["model"])
     assert manifest.extra["policy_version"] == 4 and manifest.parents == [model.id, data.id]
 

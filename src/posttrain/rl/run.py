@@ -121,7 +121,7 @@ class ControllerActor:
             config=config, extra={"reward": reward_identity(spec.reward_cfg, [e.get("task") for e in examples]),
                                   "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value})
         latest = self.checkpointer.latest()
-        tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", run_dir=os.path.join(spec.state_dir, "wandb"),
+        tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", run_dir=str(self.checkpointer.state.work / "wandb"),
                             total=cfg.steps, start=latest.step if latest else 0,
                             wandb_id=latest.wandb_id if latest else None, config=config)
         self.controller = Controller(cfg, groups, sampler, tracker, self.checkpointer)

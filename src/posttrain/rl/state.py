@@ -4,19 +4,22 @@ Every `rl.checkpoint_every` steps (and after the last) `Checkpointer.save` write
 - a `model` artifact through the ArtifactStore: the policy's HF checkpoint; parents = the starting model's
   artifact id and the dataset id; manifest `extra` = the reward function's identity (import path + source
   sha256, or the built-in verifier + sha256 of posttrain/data/verifiers.py), the policy version and step;
-  metrics = that step's metrics;
-- training state, kept apart in `state_dir/step-NNNNNN/`: the policy ranks' optimizer/RNG/version
-  (`PolicyGroup.save_state`), and `controller.json` (step, policy version, prompt-sampler cursor, the
-  controller's RNG, wandb run id, metrics history, model artifact id).
-The step folder is assembled under a temporary name, renamed into place, and only then does the `LATEST`
-file (replaced atomically) point at it - a SIGKILL at any moment leaves the previous checkpoint intact.
+  metrics = that step's metrics; policy rank 0 writes and stores it itself (`PolicyGroup.save_model`), so no local path crosses nodes;
+- training state, kept apart in `state_dir/step-NNNNNN/` - a local folder or an fsspec URL under the store's
+  root (artifacts/state.py), so a task retried on another node resumes: the policy ranks'
+  weights/optimizer/RNG/version (`PolicyGroup.save_state`, each rank writing its own files), `controller.json`
+  (step, policy version, prompt-sampler cursor, the controller's RNG, wandb run id, metrics history, model
+  artifact id) and a copy of the step log.
+Only when the step folder is complete does the `LATEST` file (one atomic write) point at it - a SIGKILL at
+any moment leaves the previous checkpoint intact; a re-run clears a step folder LATEST never pointed at.
 
-`steps.jsonl` in state_dir is the per-step log (one line per finished update). On resume it is cut back
-to the checkpoint's step - to nothing when no checkpoint was saved yet and the run starts again at step 1 -
-so after a kill and a restart every step appears exactly once (a row torn by the kill is dropped too).
+`steps.jsonl` in the state's local work folder is the per-step log (one line per finished update; the state
+folder itself for a local store). On resume it is cut back to the checkpoint's step - to nothing when no
+checkpoint was saved yet and the run starts again at step 1 - so after a kill and a restart every step
+appears exactly once (a row torn by the kill is dropped too).
 
-Leaves out: shared storage. state_dir and the policy's checkpoint folder must be reachable from the
-controller and policy rank 0 (one node locally; a shared volume on a multi-node cluster).
+Leaves out: the start model and dataset folders the actors read are local paths (`ArtifactStore.get` in
+the task's process): on a multi-node cluster they must be on a volume every node mounts.
 """
 
 from __future__ import annotations
@@ -24,18 +27,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
+from posttrain.artifacts.state import StateDir
 from posttrain.config import RewardConfig
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages
 from posttrain.rl.metrics import StepMetrics
-from posttrain.rl.types import PolicyGroup, PromptBatch
+from posttrain.rl.types import ModelPut, PolicyGroup, PromptBatch
 
 KEEP_CHECKPOINTS = 2
 """Step folders kept in state_dir (the newest ones); older ones are deleted after a successful save."""
@@ -153,15 +156,17 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 class Checkpointer:
-    """Writes model artifacts + resumable training state; restores the newest complete state."""
+    """Writes model artifacts + resumable training state; restores the newest committed state.
 
-    def __init__(self, *, state_dir: str | Path, store_root: str, run_id: str, parents: list[str], config: dict,
-                 extra: dict, name: str = "rl"):
-        self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+    `state_dir`: a local folder or an fsspec URL under the store's root (artifacts/state.StateDir); the step
+    log lives in its local work folder (the state folder itself when that is local)."""
+
+    def __init__(self, *, state_dir: str | Path | StateDir, store_root: str, run_id: str, parents: list[str],
+                 config: dict, extra: dict, name: str = "rl"):
+        self.state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
         self.store = ArtifactStore(store_root)
         self.run_id, self.parents, self.config, self.extra, self.name = run_id, parents, config, extra, name
-        self.log_path = self.state_dir / "steps.jsonl"
+        self.log_path = self.state.work / "steps.jsonl"
 
     # ----------------------------------------------------------------------------------- per-step log
 
@@ -192,55 +197,55 @@ class Checkpointer:
 
     def save(self, *, step: int, policy_version: int, policy: PolicyGroup, controller_state: dict,
              history: list[dict]) -> ArtifactRef:
-        final = self.state_dir / f"step-{step:06d}"
-        tmp = self.state_dir / f".tmp-step-{step:06d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        policy.save(str(tmp / "model"))
-        # Provenance inside the content: an RL checkpoint is its own artifact even when its weights equal the
-        # start model's (e.g. every reward was 0, so nothing moved) - otherwise content addressing would fold
-        # it into the start model and its lineage would be lost. Deterministic: no timestamps.
-        (tmp / "model" / "posttrain_rl.json").write_text(json.dumps(
-            {"parents": self.parents, "step": step, "policy_version": policy_version}, sort_keys=True) + "\n")
-        policy.save_state(str(tmp / "policy"))
-        ref = self.store.put("model", f"{self.name}-step{step}", tmp / "model", run_id=self.run_id,
-                             parents=self.parents, config=self.config, metrics=history[-1] if history else {},
-                             extra={**self.extra, "policy_version": policy_version, "step": step})
-        state = {"step": step, "policy_version": policy_version, "model_id": ref.id, "history": history,
+        name = f"step-{step:06d}"
+        self.state.remove(name)  # a folder a killed run left uncommitted (LATEST never pointed at it)
+        model_id = policy.save_model(ModelPut(
+            store_root=str(self.store.root), name=f"{self.name}-step{step}", run_id=self.run_id, parents=self.parents,
+            config=self.config, metrics=history[-1] if history else {},
+            extra={**self.extra, "policy_version": policy_version, "step": step},
+            provenance={"parents": self.parents, "step": step, "policy_version": policy_version}))
+        policy.save_state(self.state.url(name, "policy"))
+        state = {"step": step, "policy_version": policy_version, "model_id": model_id, "history": history,
                  **controller_state}
-        _write_atomic(tmp / "controller.json", json.dumps(state))
-        shutil.rmtree(tmp / "model")  # the store holds the model; the state folder keeps only what resumes
-        shutil.rmtree(final, ignore_errors=True)  # a re-run after a kill may redo a step folder
-        os.replace(tmp, final)
-        _write_atomic(self.state_dir / "LATEST", final.name)
-        for old in sorted(self.state_dir.glob("step-*"))[:-KEEP_CHECKPOINTS]:
-            if old.name != final.name:
-                shutil.rmtree(old, ignore_errors=True)
-        return ref
+        self.state.write_text(f"{name}/controller.json", json.dumps(state))
+        log = self.log_path.read_text() if self.log_path.exists() else ""
+        self.state.write_text(f"{name}/steps.jsonl", log)  # the log up to this step: another node resumes from it
+        self.state.write_text("LATEST", name)  # the commit: only now does a resume see this step
+        for old in self.state.names("step-")[:-KEEP_CHECKPOINTS]:
+            if old != name:
+                self.state.remove(old)
+        return self.store.ref(model_id)
 
     # ----------------------------------------------------------------------------------- resume
 
+    def _latest_name(self) -> str | None:
+        text = self.state.read_text("LATEST")
+        return text.strip() if text else None
+
     def latest(self) -> ResumeState | None:
-        pointer = self.state_dir / "LATEST"
-        if not pointer.exists():
+        name = self._latest_name()
+        if name is None:
             return None
-        d = json.loads((self.state_dir / pointer.read_text().strip() / "controller.json").read_text())
+        d = json.loads(self.state.read_text(f"{name}/controller.json"))
         return ResumeState(step=d["step"], policy_version=d["policy_version"], sampler=d["sampler"],
                            rng_state=d["rng_state"], wandb_id=d.get("wandb_id"), model_id=d["model_id"],
                            history=d["history"])
 
     def restore(self, policy: PolicyGroup) -> ResumeState | None:
-        """Load the newest state into the policy group; None when state_dir holds no checkpoint. Either way
-        steps.jsonl is cut back to the step the run continues from (`_cut_log`)."""
+        """Load the newest committed state into the policy group; None when there is none. Either way the
+        step log is cut back to the step the run continues from (`_cut_log`); a node that has no log of its
+        own (a retry elsewhere) starts from the copy committed with the checkpoint."""
         state = self.latest()
         if state is None:  # nothing saved yet: the run starts again at step 1 and redoes every logged step
             self._cut_log(0)
             return None
-        folder = self.state_dir / (self.state_dir / "LATEST").read_text().strip()
-        version = policy.load_state(str(folder / "policy"))
+        name = self._latest_name()
+        version = policy.load_state(self.state.url(name, "policy"))
         if version != state.policy_version:
-            raise RuntimeError(f"resume: policy state in {folder} holds version {version}, controller.json says "
-                               f"{state.policy_version}")
+            raise RuntimeError(f"resume: policy state in {self.state.url(name)} holds version {version}, "
+                               f"controller.json says {state.policy_version}")
+        if not self.log_path.exists():
+            self.log_path.write_text(self.state.read_text(f"{name}/steps.jsonl") or "")
         self._cut_log(state.step)  # drop steps done after the checkpoint: they are redone now
         return state
 

@@ -194,6 +194,21 @@ class ReferenceGroup(Protocol):
     def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs: ...
 
 
+@dataclass(frozen=True, kw_only=True)
+class ModelPut:
+    """What a policy checkpoint is stored as (`ArtifactStore.put` arguments) and where."""
+    store_root: str
+    name: str
+    run_id: str
+    parents: list[str]
+    config: dict
+    metrics: dict
+    extra: dict
+    provenance: dict
+    """Written into the checkpoint as `posttrain_rl.json` (parents, step, version): deterministic, no
+    timestamps, so an RL checkpoint is its own artifact even when its weights equal the start model's."""
+
+
 class PolicyGroup(Protocol):
     def identities(self) -> list[WorkerId]: ...
 
@@ -204,14 +219,17 @@ class PolicyGroup(Protocol):
 
     def weights(self) -> WeightsHandle: ...
 
-    def save(self, out_dir: str) -> None:
-        """Rank 0 writes an HF checkpoint (safetensors + tokenizer) of the current weights."""
+    def save_model(self, put: ModelPut) -> str:
+        """Rank 0 writes an HF checkpoint (safetensors + tokenizer + `posttrain_rl.json` holding
+        `put.provenance`) of the current weights and stores it as a `model` artifact itself - where the weights
+        are, so no local path crosses nodes; returns the artifact id."""
         ...
 
     def save_state(self, state_dir: str) -> None:
-        """Every rank writes what it needs to resume (optimizer, RNG, version) - atomically."""
+        """Every rank writes what it needs to resume (optimizer, RNG, version) into `state_dir`, a local folder
+        or an fsspec URL (artifacts/state.py), each file atomically."""
         ...
 
     def load_state(self, state_dir: str) -> int:
-        """Restore from save_state; returns the restored policy version."""
+        """Restore from save_state (same kind of location); returns the restored policy version."""
         ...

@@ -7,7 +7,8 @@ micro-batches and 2 ranks x 2 micro-batches give the same loss and the same upda
 
 Resumable state (every `sft.save_every` steps, atomically): model + optimizer via torch.distributed.checkpoint
 (sharded for FSDP2), the step (which fixes the data cursor and the learning rate), RNG states and the wandb
-run id. Kept in `state_dir`, apart from the model artifact that rank 0 writes to `out_dir` at the end.
+run id. Kept in `state_dir` - a local folder or an fsspec URL under the store's root (artifacts/state.py), so
+a retry on another node resumes - apart from the model artifact that rank 0 writes to `out_dir` at the end.
 
 Precision and memory: weights and optimizer state stay fp32; with model.dtype BF16 on CUDA the forward runs
 under torch.autocast(bfloat16) (on CPU everything is fp32). model.gradient_checkpointing recomputes each
@@ -26,9 +27,7 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -40,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from posttrain.artifacts.state import StateDir, read_file, write_file
 from posttrain.config import ModelConfig, Parallelism, SFTConfig, TrackingConfig
 from posttrain.data.chat import tokenize_for_training
 from posttrain.data.examples import read_examples
@@ -179,9 +179,9 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     model = wrap(model, sft_cfg, info, gradient_checkpointing=model_cfg.gradient_checkpointing)
     optimizer = make_optimizer(model, sft_cfg)
     shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
-    state = Path(state_dir)
+    state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
     start, wandb_id = load_state(state, model, optimizer)
-    tracker = Tracker(tracking_cfg, info.rank, run_name, state, total=sft_cfg.steps, start=start, wandb_id=wandb_id,
+    tracker = Tracker(tracking_cfg, info.rank, run_name, state.work, total=sft_cfg.steps, start=start, wandb_id=wandb_id,
                       config={"model": model_cfg, "sft": sft_cfg})
     autocast = info.device.type == "cuda" and model_cfg.dtype.value == "bf16"
     metrics: dict = {}
@@ -237,44 +237,46 @@ def save_final(model, model_cfg: ModelConfig, tokenizer, base_model_dir, out_dir
     dist.barrier()
 
 
-def save_state(state: Path, model, optimizer, step: int, wandb_id: str | None, info: DistInfo) -> None:
-    """Atomic: write step-N.tmp on every rank, barrier, rank 0 renames it to step-N and drops older ones."""
-    tmp, final = state / f"step-{step:07d}.tmp", state / f"step-{step:07d}"
+def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | None, info: DistInfo) -> None:
+    """Every rank writes its part into step-N (torch.distributed.checkpoint: a path, or fsspec for a URL), then
+    rank 0 commits it by writing step-N/meta.json last and drops older folders. A folder without meta.json
+    (a kill while saving) is never loaded, and is cleared when that step is saved again."""
+    name = f"step-{step:07d}"
     if info.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        state.remove(name)
     dist.barrier()
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp))
-    torch.save({"cpu_rng": torch.get_rng_state()}, tmp / f"rng-rank{info.rank}.pt")
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=state.url(name))
+    write_file(state.url(name, f"rng-rank{info.rank}.pt"), lambda p: torch.save({"cpu_rng": torch.get_rng_state()}, p))
     dist.barrier()
     if info.rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "wandb_id": wandb_id, "world_size": info.world_size}))
-        os.rename(tmp, final)
-        for old in state.glob("step-*"):
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+        state.write_text(f"{name}/meta.json", json.dumps({"step": step, "wandb_id": wandb_id,
+                                                          "world_size": info.world_size}))
+        for old in state.names("step-"):
+            if old != name:
+                state.remove(old)
     dist.barrier()
 
 
-def load_state(state: Path, model, optimizer) -> tuple[int, str | None]:
-    """Restore the newest complete state; returns (step to start from, wandb run id). When it resumes, rank 0
+def load_state(state: StateDir, model, optimizer) -> tuple[int, str | None]:
+    """Restore the newest committed state; returns (step to start from, wandb run id). When it resumes, rank 0
     prints `sft: resuming at step N of saved state <folder>` (N: the first step run now, as the metric lines
     number it; steps before it are not redone)."""
-    state.mkdir(parents=True, exist_ok=True)
-    done = sorted(p for p in state.glob("step-*") if not p.name.endswith(".tmp") and (p / "meta.json").exists())
+    done = [n for n in state.names("step-") if state.exists(f"{n}/meta.json")]
     if not done:
         return 0, None
     last = done[-1]
-    meta = json.loads((last / "meta.json").read_text())
+    meta = json.loads(state.read_text(f"{last}/meta.json"))
     if meta["world_size"] != dist.get_world_size():
-        raise ValueError(f"saved SFT state {last} was written by {meta['world_size']} ranks, not {dist.get_world_size()}")
+        raise ValueError(f"saved SFT state {state.url(last)} was written by {meta['world_size']} ranks, not "
+                         f"{dist.get_world_size()}")
     msd, osd = get_state_dict(model, optimizer)
     sd = {"model": msd, "optim": osd}
-    dcp.load(sd, checkpoint_id=str(last))
+    dcp.load(sd, checkpoint_id=state.url(last))
     set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-    rng = last / f"rng-rank{dist.get_rank()}.pt"
-    if rng.exists():
-        torch.set_rng_state(torch.load(rng, weights_only=True)["cpu_rng"])
+    rng = f"{last}/rng-rank{dist.get_rank()}.pt"
+    if state.exists(rng):
+        torch.set_rng_state(read_file(state.url(rng), lambda p: torch.load(p, weights_only=True))["cpu_rng"])
     if dist.get_rank() == 0:
-        print(f"sft: resuming at step {meta['step']} of saved state {last}", flush=True)
+        print(f"sft: resuming at step {meta['step']} of saved state {state.url(last)}", flush=True)
     return meta["step"], meta.get("wandb_id")

@@ -42,6 +42,7 @@ import datetime
 import json
 import math
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +51,8 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from posttrain.artifacts import ArtifactStore
+from posttrain.artifacts.state import read_file, write_file
 from posttrain.config import DType, LossAgg, ModelConfig, RLConfig
 from posttrain.models.generate import entropy_from_logits, forward_response_logits, sampling_logprobs, sequence_logprobs
 from posttrain.models.io import (
@@ -64,7 +67,7 @@ from posttrain.rl import dispatch, weight_transfer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
-from posttrain.rl.types import TrainBatch, UpdateStats, WeightsHandle, WorkerId
+from posttrain.rl.types import ModelPut, TrainBatch, UpdateStats, WeightsHandle, WorkerId
 from posttrain.rl.weight_sync import weights_checksum
 
 
@@ -251,27 +254,36 @@ class PolicyWorker:
         return weight_transfer.write(self.model.state_dict(), folder, version=self.version, node=self.id.node,
                                      dtype=self.sync_dtype)
 
-    def save(self, out_dir: str) -> None:
-        if self.rank == 0:
-            save_model(self.model, self.tok, out_dir)
+    def save_model(self, put: ModelPut) -> str | None:
+        """Rank 0: the HF checkpoint of the current weights, stored as a `model` artifact (see PolicyGroup)."""
+        if self.rank != 0:
+            return None
+        with tempfile.TemporaryDirectory(prefix="posttrain-rl-checkpoint-") as tmp:
+            save_model(self.model, self.tok, tmp)
+            (Path(tmp) / "posttrain_rl.json").write_text(json.dumps(put.provenance, sort_keys=True) + "\n")
+            ref = ArtifactStore(put.store_root).put("model", put.name, tmp, run_id=put.run_id, parents=put.parents,
+                                                    config=put.config, metrics=put.metrics, extra=put.extra)
+        return ref.id
 
     def save_state(self, state_dir: str) -> None:
-        d = Path(state_dir)
-        d.mkdir(parents=True, exist_ok=True)
+        """Into a local folder or an fsspec URL, one atomic file at a time (artifacts/state.py)."""
         if self.rank == 0:
-            save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()},
-                      str(d / "policy.safetensors"))
-        torch.save({"optim": self._local_optimizer().state_dict(), "rng": torch.get_rng_state()},
-                   d / f"optim-rank{self.rank}.pt")
-        (d / f"version-rank{self.rank}.json").write_text(json.dumps({"version": self.version}))
+            weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
+            write_file(f"{state_dir}/policy.safetensors", lambda p: save_file(weights, p))
+            del weights
+        write_file(f"{state_dir}/optim-rank{self.rank}.pt", lambda p: torch.save(
+            {"optim": self._local_optimizer().state_dict(), "rng": torch.get_rng_state()}, p))
+        write_file(f"{state_dir}/version-rank{self.rank}.json",
+                   lambda p: Path(p).write_text(json.dumps({"version": self.version})))
 
     def load_state(self, state_dir: str) -> int:
-        d = Path(state_dir)
-        self.model.load_state_dict(load_file(str(d / "policy.safetensors")))
-        s = torch.load(d / f"optim-rank{self.rank}.pt", weights_only=True, map_location="cpu")
+        self.model.load_state_dict(read_file(f"{state_dir}/policy.safetensors", load_file))
+        s = read_file(f"{state_dir}/optim-rank{self.rank}.pt",
+                      lambda p: torch.load(p, weights_only=True, map_location="cpu"))
         self._local_optimizer().load_state_dict(s["optim"])
         torch.set_rng_state(s["rng"])
-        self.version = json.loads((d / f"version-rank{self.rank}.json").read_text())["version"]
+        self.version = read_file(f"{state_dir}/version-rank{self.rank}.json",
+                                 lambda p: json.loads(Path(p).read_text()))["version"]
         return self.version
 
 
@@ -343,8 +355,10 @@ class PolicyGroup:
             payload = self.workers[0].state_dict.remote()  # stays a reference: rollout workers fetch it themselves
         return WeightsHandle(version=self.version, checksum=self._checksum, payload=payload)
 
-    def save(self, out_dir: str) -> None:
-        gather([w.save.remote(out_dir) for w in self.workers], self.ids, stage="policy.save", timeout_s=self.timeout_s)
+    def save_model(self, put: ModelPut) -> str:
+        ids = gather([w.save_model.remote(put) for w in self.workers], self.ids, stage="policy.save_model",
+                     timeout_s=self.timeout_s)
+        return ids[0]
 
     def save_state(self, state_dir: str) -> None:
         gather([w.save_state.remote(state_dir) for w in self.workers], self.ids, stage="policy.save_state",
