@@ -1,4 +1,5 @@
-"""Step metrics to the console (a tqdm bar when interactive, plain lines otherwise) and to wandb.
+"""Step metrics to the console (a tqdm bar when interactive, otherwise lines paced by posttrain.progress with
+rate and ETA) and to wandb.
 
 Only rank 0 reports. wandb runs in `tracking.wandb_mode` ("offline" by default, files under the state
 folder; "disabled" creates nothing) and resumes the same run id after a restart.
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 from posttrain.config import TrackingConfig, to_dict
+from posttrain.progress import Progress
 
 
 class Tracker:
@@ -18,6 +20,7 @@ class Tracker:
                  wandb_id: str | None = None, config: dict | None = None):
         self.cfg, self.active = cfg, rank == 0
         self.wandb_id, self._run, self._bar = wandb_id, None, None
+        self.progress = Progress(total, start=start, every_s=cfg.progress_every_s, log_every=cfg.log_every)
         if not self.active:
             return
         if sys.stdout.isatty():
@@ -43,8 +46,8 @@ class Tracker:
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix_str(line[:120])
-        elif step % self.cfg.log_every == 0 or step == (self._bar.total if self._bar else -1):
-            print(f"step {step}: {line}", flush=True)
+        elif self.progress.due(step + 1):  # `step` counts from 0: step + 1 are done
+            print(f"step {step}: {line} | {self.progress.stats(step + 1)}", flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -116,8 +116,12 @@ class TrackingConfig:
     """wandb mode: "offline" (default, writes under the run folder), "online" or "disabled"."""
     wandb_project: str = "posttrain"
     """wandb project name."""
-    log_every: int = 10
-    """Print a console line every this many steps (a progress bar shows every step when interactive)."""
+    log_every: int = 0
+    """Also print a console line every this many steps (0: paced by time alone; a progress bar shows every
+    step when interactive)."""
+    progress_every_s: float = 30.0  # = posttrain.progress.PROGRESS_EVERY_S
+    """Without a terminal, SFT, RL and eval print a progress line (step, rate, ETA, key metrics) at least this
+    often while they make progress - and, unless log_every asks for more, no more often."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,7 @@ Engine (`eval.backend`): posttrain.models.generate on the transformers model, or
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.eval.report import EvalReport
 from posttrain.models.generate import generate
 from posttrain.models.io import eos_token_ids, load_model, load_tokenizer
+from posttrain.progress import PROGRESS_EVERY_S, Progress
 from posttrain.rewards import RewardSample, RewardScorer
 
 FAILURE_EXAMPLES = 5
@@ -51,8 +53,9 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         gen = _generator(model_dir, tok, cfg, device)
         prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
         t0 = time.perf_counter()
-        greedy = gen(prompts, temperature=0.0, n=1)
-        sampled = gen(prompts, temperature=cfg.temperature, n=cfg.k) if cfg.k > 0 else []
+        greedy = gen(prompts, temperature=0.0, n=1, on_batch=_progress("greedy"))
+        sampled = gen(prompts, temperature=cfg.temperature, n=cfg.k, on_batch=_progress(f"sampled (k={cfg.k})")) \
+            if cfg.k > 0 else []
         seconds = time.perf_counter() - t0
 
         def decode(g):
@@ -81,17 +84,32 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         generated_tokens_per_s=n_tokens / max(seconds, 1e-9), samples=samples)
 
 
+def _progress(what: str) -> Callable[[int, int], None]:
+    """Prints `eval greedy: 256/500 (51%), 40.1 sample/s, ETA 6s` at the pace of posttrain.progress (the
+    default PROGRESS_EVERY_S: eval has no tracking config)."""
+    state: dict = {}
+
+    def on_batch(done: int, total: int) -> None:
+        p = state.setdefault("p", Progress(total, every_s=PROGRESS_EVERY_S, unit="sample"))
+        if p.due(done):
+            print(f"eval {what}: {p.stats(done)}", flush=True)
+    return on_batch
+
+
 def _generator(model_dir, tok, cfg: EvalConfig, device: str):
-    """gen(prompts, temperature=, n=) -> list[Generation] on the engine `eval.backend` names."""
+    """gen(prompts, temperature=, n=, on_batch=) -> list[Generation] on the engine `eval.backend` names (vLLM
+    generates all at once: no progress lines)."""
     kw = {"max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_p": cfg.top_p, "top_k": cfg.top_k}
     if cfg.backend == RolloutBackend.VLLM:
         from posttrain.rl.roles.rollout_vllm import VLLMEngine
 
         engine = VLLMEngine(str(model_dir))
-        return lambda prompts, *, temperature, n: engine.generate(prompts, temperature=temperature, n=n, **kw)
+        return lambda prompts, *, temperature, n, on_batch: engine.generate(prompts, temperature=temperature, n=n,
+                                                                            **kw)
     model = load_model(model_dir, device=device)
     stop = {"eos_id": eos_token_ids(model_dir, tok), "pad_id": tok.pad_token_id, "batch_size": cfg.batch_size}
-    return lambda prompts, *, temperature, n: generate(model, prompts, temperature=temperature, n=n, **kw, **stop)
+    return lambda prompts, *, temperature, n, on_batch: generate(model, prompts, temperature=temperature, n=n,
+                                                                 on_batch=on_batch, **kw, **stop)
 
 
 def _distinct(reasons: list[str], n: int) -> list[str]:

@@ -26,6 +26,7 @@ cannot change the argmax).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -103,9 +104,10 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, n: int = 1,
              eos_id: int | list[int], pad_id: int, seed: int = 0, batch_size: int = 256, top_p: float = 1.0,
-             top_k: int = 0) -> list[Generation]:
+             top_k: int = 0, on_batch: Callable[[int, int], None] | None = None) -> list[Generation]:
     """n samples per prompt (prompt-major order); temperature 0 means greedy. A row stops at any id in
-    `eos_id`; top_p < 1 / top_k > 0 truncate the sampling distribution (see the module docstring)."""
+    `eos_id`; top_p < 1 / top_k > 0 truncate the sampling distribution (see the module docstring).
+    `on_batch(rows done, rows)` is called after each batch (progress)."""
     if not 0.0 < top_p <= 1.0 or top_k < 0:
         raise ValueError(f"generate: top_p must be in (0, 1] and top_k >= 0, got top_p={top_p}, top_k={top_k}")
     stop = [eos_id] if isinstance(eos_id, int) else list(eos_id)
@@ -118,6 +120,8 @@ def generate(model, prompts: list[list[int]], *, max_new_tokens: int, temperatur
     out: list[Generation] = []
     for s in range(0, len(rows), batch_size):
         out.extend(_generate_batch(model, rows[s:s + batch_size], max_new_tokens, sampling, pad_id, gen, device))
+        if on_batch is not None:
+            on_batch(len(out), len(rows))
     return out
 
 

@@ -9,8 +9,9 @@ computing, as timed by the workers themselves:
 so serialisation, object transfer, Ray scheduling, weight sync and the controller's own work all count as
 overhead (the drift check costs nothing of its own: the update's first forward measures it).
 
-`RLTracker` prints a tqdm bar when stdout is a terminal, else one line every `tracking.log_every` steps (and
-the last) - and a line for every step with failed reward calls, whatever log_every says, naming the count
+`RLTracker` prints a tqdm bar when stdout is a terminal, else lines paced by posttrain.progress (the first
+step, the last, every `tracking.log_every` steps when set, else every `tracking.progress_every_s` seconds;
+with rate and ETA) - and a line for every step with failed reward calls, whatever the pace, naming the count
 and one reason - and logs to wandb in `tracking.wandb_mode` ("offline" by default; "disabled" creates no files
 and never imports wandb). It resumes the same wandb run id after a restart.
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.config import TrackingConfig
+from posttrain.progress import Progress
 from posttrain.rl.types import LogProbs, Rewards, Trajectories, UpdateStats
 
 
@@ -114,6 +116,7 @@ class RLTracker:
                  wandb_id: str | None = None, config: dict | None = None):
         self.cfg, self.total, self.wandb_id = cfg, total, wandb_id
         self._run, self._bar = None, None
+        self.progress = Progress(total, start=start, every_s=cfg.progress_every_s, log_every=cfg.log_every)
         if sys.stdout.isatty():
             from tqdm import tqdm
 
@@ -138,8 +141,9 @@ class RLTracker:
             self._bar.set_postfix_str(line[:160])
             if failures:  # every step that has failures gets its own line above the bar
                 self._bar.write(f"rl step {m.step}/{self.total}: {failures}")
-        elif failures or m.step % self.cfg.log_every == 0 or m.step == self.total:
-            print(f"rl step {m.step}/{self.total}: {line}" + (f" | {failures}" if failures else ""), flush=True)
+        elif failures or self.progress.due(m.step):
+            print(f"rl step {m.step}/{self.total}: {line}" + (f" | {failures}" if failures else "")
+                  + f" | {self.progress.stats(m.step)}", flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -1,0 +1,54 @@
+"""Progress for a log (no terminal needed): how far a loop is, how fast it goes and when it will end.
+
+SFT, RL and eval print a line for the first unit of work, the last, every `tracking.log_every` units when that
+is set, and otherwise whenever `tracking.progress_every_s` seconds have passed since the last line - so a
+log (Flyte's, a pod's, `make run`'s) shows where a run is without flooding it. The rate counts only the work
+done in this process: a resumed run's ETA is not flattered by the steps it skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+PROGRESS_EVERY_S = 30.0
+"""The pace where no `tracking.progress_every_s` is at hand (eval)."""
+
+
+def duration(seconds: float) -> str:
+    """'45s', '3m07s', '2h05m'."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Progress:
+    def __init__(self, total: int, *, start: int = 0, every_s: float = 30.0, log_every: int = 0,
+                 unit: str = "step", clock=time.monotonic):
+        """`total` units, `start` of them already done (a resume); `clock` is replaceable for tests."""
+        self.total, self.start, self.every_s, self.log_every, self.unit = total, start, every_s, log_every, unit
+        self._clock = clock
+        self._t0 = clock()
+        self._last: float | None = None
+
+    def due(self, done: int) -> bool:
+        """Whether a line is due now that `done` units are finished."""
+        if self._last is None or done >= self.total:
+            return True
+        if self.log_every and done % self.log_every == 0:
+            return True
+        return self._clock() - self._last >= self.every_s
+
+    def stats(self, done: int) -> str:
+        """'120/2000 (6%), 3.2 step/s, ETA 9m48s' - and marks a line as printed now."""
+        now = self._clock()
+        self._last = now
+        rate = (done - self.start) / max(now - self._t0, 1e-9)
+        eta = (self.total - done) / rate if rate > 0 else math.inf
+        pct = 100.0 * done / self.total if self.total else 100.0
+        return f"{done}/{self.total} ({pct:.0f}%), {rate:.3g} {self.unit}/s, ETA {duration(eta)}"
