@@ -14,7 +14,8 @@ It runs the code of the checkout it sits in (PYTHONPATH), so a clone can be tort
    - `actor`: ONE Ray actor of the next role in turn (rollout, reward, reference, policy), a few seconds after
      RL's actors appear; the run must survive it (rl.max_restarts) - it is not re-run.
    A killed run is re-run with the same command; a cycle ends when a run finishes.
-3. After every cycle: the run's final ids (SFT model, its eval, RL model, its eval) equal the reference's;
+3. After every cycle: the run's SFT and RL model ids equal the reference's, and so do its evaluations' scores
+   (an eval artifact's id differs run to run: its report records the measured generation time);
    `posttrain verify` passes on every artifact; no object folder lacks its manifest; the store's tmp/ and
    state/ are empty (no half-written artifact, no leftover state); no process of the run is left.
 The report (stdout and bench/results/chaos-<seed>.json) lists every kill with where it landed (the run's last
@@ -47,6 +48,7 @@ SHORT = {"data": {"num_examples": 4000, "eval_size": 100}, "sft": {"steps": 300,
 ROLES = ["RolloutWorker", "RewardWorker", "ReferenceWorker", "PolicyWorker"]
 KINDS = ["run", "store", "actor"]
 ID_FIELDS = ("sft_model_id", "sft_eval_id", "rl_model_id", "rl_eval_id")
+SCORES = ("greedy_accuracy", "sampled_accuracy", "pass_at_k", "num_problems", "reward_failures")
 
 
 # --------------------------------------------------------------------------------------------- processes
@@ -183,6 +185,17 @@ def attempt(home: Path, log: Path, kind: str, role: str, t_ref: float, rng: rand
 # --------------------------------------------------------------------------------------------- checks
 
 
+def outcome(home: Path, ids: dict) -> dict:
+    """What must not depend on the kills: the model ids and the evaluations' scores."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from posttrain.artifacts import ArtifactStore
+
+    store = ArtifactStore(home)
+    return {"sft_model_id": ids["sft_model_id"], "rl_model_id": ids["rl_model_id"],
+            **{f"{e}.{k}": store.manifest(ids[f"{e}_id"]).metrics.get(k) for e in ("sft_eval", "rl_eval")
+               for k in SCORES}}
+
+
 def check_store(home: Path) -> dict:
     """`posttrain verify` on every artifact; objects without a manifest; leftovers in tmp/ and state/."""
     env = {**os.environ, "POSTTRAIN_HOME": str(home)}
@@ -219,8 +232,8 @@ def main() -> int:
     if not ref["finished"] or len(ref["ids"]) != len(ID_FIELDS):
         print(f"chaos: the reference run failed: {ref}; see {work / 'reference' / 'log.txt'}")
         return 1
-    t_ref = ref["wall_s"]
-    print(f"chaos: reference run {t_ref:.0f} s, ids {ref['ids']}", flush=True)
+    t_ref, expected = ref["wall_s"], outcome(ref_home, ref["ids"])
+    print(f"chaos: reference run {t_ref:.0f} s: {expected}", flush=True)
 
     events, cycles, kills, turn, role_turn = [], [], 0, 0, 0
     while kills < args.kills:
@@ -243,16 +256,18 @@ def main() -> int:
                   + (f" {e.get('role_killed', '')} at {e['at_s']} s after '{e['last_line']}'" if killed else "")
                   + f" -> rc {e['rc']}{' finished' if e['finished'] else ''} (kills so far {kills})", flush=True)
             if e["finished"]:
-                cycle.update(ids_equal=e["ids"] == ref["ids"], ids=e["ids"], left_over=e.get("left_over", 0))
+                got = outcome(home, e["ids"])
+                cycle.update(same_outcome=got == expected, left_over=e.get("left_over", 0),
+                             differs={k: (expected[k], v) for k, v in got.items() if v != expected[k]})
                 break
             if cycle["attempts"] > 3 * args.kills:
                 cycle["gave_up"] = True
                 break
         cycle.update(check_store(home))
         cycles.append(cycle)
-        print(f"chaos: cycle {c}: {json.dumps({k: v for k, v in cycle.items() if k != 'ids'})}", flush=True)
+        print(f"chaos: cycle {c}: {json.dumps(cycle)}", flush=True)
 
-    ok = all(c.get("ids_equal") and not c["verify_failed"] and not c["objects_without_manifest"]
+    ok = all(c.get("same_outcome") and not c["verify_failed"] and not c["objects_without_manifest"]
              and not c["tmp_left"] and not c["state_left"] and not c.get("left_over") and c["list_ok"]
              for c in cycles)
     by_kind = {k: sum(1 for e in events if e["kind"] == k and ("processes" in e or "role_killed" in e))
