@@ -3,6 +3,7 @@ re-run after each kill, until at least `--kills` kills; then checks that nothing
 half-written.
 
     python bench/chaos.py --kills 20 --seed 0          # ~30-40 min on 2 cores
+    python bench/chaos.py --kills 8 --kinds actor      # one Ray actor at a time, each role in turn
 
 It runs the code of the checkout it sits in (PYTHONPATH), so a clone can be tortured while its source is edited.
 
@@ -166,7 +167,7 @@ def attempt(home: Path, log: Path, kind: str, role: str, t_ref: float, rng: rand
         if kind == "actor" and "role_killed" not in event:
             pid = actor_pid(token, role)
             if pid is not None and rl_seen is None:
-                rl_seen, wait_s = time.time(), rng.uniform(2.0, 15.0)
+                rl_seen, wait_s = time.time(), rng.uniform(0.5, 5.0)  # the short run's RL lasts ~10-20 s
             if pid is not None and time.time() - rl_seen >= wait_s:
                 os.kill(pid, signal.SIGKILL)
                 event.update(at_s=round(now, 1), last_line=a.last, role_killed=role, pid=pid)
@@ -220,9 +221,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"kill kinds to take in turn (of {KINDS})")
     ap.add_argument("--workdir", default="", help="default: a new temporary folder (kept, for the logs)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
+    kinds = args.kinds.split(",")
+    if not kinds or set(kinds) - set(KINDS):
+        ap.error(f"--kinds: {args.kinds!r}: each must be one of {KINDS}")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="chaos-"))
     print(f"chaos: work folder {work}; load average {os.getloadavg()[0]:.2f}", flush=True)
 
@@ -242,7 +247,7 @@ def main() -> int:
         home.mkdir(parents=True)
         cycle = {"cycle": c, "attempts": 0}
         while True:
-            kind, role = KINDS[turn % len(KINDS)], ROLES[role_turn % len(ROLES)]
+            kind, role = kinds[turn % len(kinds)], ROLES[role_turn % len(ROLES)]
             e = attempt(home, work / f"cycle-{c}" / "log.txt", kind, role, t_ref, rng)
             e["cycle"] = c
             turn += 1
@@ -272,9 +277,9 @@ def main() -> int:
              for c in cycles)
     by_kind = {k: sum(1 for e in events if e["kind"] == k and ("processes" in e or "role_killed" in e))
                for k in KINDS}
-    report = {"seed": args.seed, "kills": kills, "by_kind": by_kind, "reference": ref, "cycles": cycles,
+    report = {"seed": args.seed, "kinds": kinds, "kills": kills, "by_kind": by_kind, "reference": ref, "cycles": cycles,
               "events": events, "ok": ok, "load_average": os.getloadavg()[0]}
-    out = ROOT / "bench" / "results" / f"chaos-{args.seed}.json"
+    out = ROOT / "bench" / "results" / f"chaos-{args.seed}-{'-'.join(kinds)}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"chaos: {kills} kills ({by_kind}) over {len(cycles)} cycles; every check passed: {ok}; report {out}")

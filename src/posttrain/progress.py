@@ -2,8 +2,9 @@
 
 SFT, RL and eval print a line for the first unit of work, the last, every `tracking.log_every` units when that
 is set, and otherwise whenever `tracking.progress_every_s` seconds have passed since the last line - so a
-log (Flyte's, a pod's, `make run`'s) shows where a run is without flooding it. The rate counts only the work
-done in this process: a resumed run's ETA is not flattered by the steps it skipped.
+log (Flyte's, a pod's, `make run`'s) shows where a run is without flooding it. The rate is measured from the
+first line on: it counts neither start-up (model load, compilation, Ray actors) nor the steps a resumed run
+skipped, so the first line has no rate or ETA yet.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ def duration(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, *, start: int = 0, every_s: float = 30.0, log_every: int = 0,
-                 unit: str = "step", clock=time.monotonic):
-        """`total` units, `start` of them already done (a resume); `clock` is replaceable for tests."""
-        self.total, self.start, self.every_s, self.log_every, self.unit = total, start, every_s, log_every, unit
+    def __init__(self, total: int, *, every_s: float = 30.0, log_every: int = 0, unit: str = "step",
+                 clock=time.monotonic):
+        """`total` units of work; `clock` is replaceable for tests."""
+        self.total, self.every_s, self.log_every, self.unit = total, every_s, log_every, unit
         self._clock = clock
-        self._t0 = clock()
+        self._first: tuple[float, int] | None = None
+        """(time, units done) of the first line: where the rate is measured from."""
         self._last: float | None = None
 
     def due(self, done: int) -> bool:
@@ -45,10 +47,15 @@ class Progress:
         return self._clock() - self._last >= self.every_s
 
     def stats(self, done: int) -> str:
-        """'120/2000 (6%), 3.2 step/s, ETA 9m48s' - and marks a line as printed now."""
+        """'120/2000 (6%), 3.2 step/s, ETA 9m48s' ('1/2000 (0%)' on the first line) - and marks a line as
+        printed now."""
         now = self._clock()
         self._last = now
-        rate = (done - self.start) / max(now - self._t0, 1e-9)
-        eta = (self.total - done) / rate if rate > 0 else math.inf
         pct = 100.0 * done / self.total if self.total else 100.0
-        return f"{done}/{self.total} ({pct:.0f}%), {rate:.3g} {self.unit}/s, ETA {duration(eta)}"
+        text = f"{done}/{self.total} ({pct:.0f}%)"
+        if self._first is None:
+            self._first = (now, done)
+            return text
+        rate = (done - self._first[1]) / max(now - self._first[0], 1e-9)
+        eta = (self.total - done) / rate if rate > 0 else math.inf
+        return f"{text}, {rate:.3g} {self.unit}/s, ETA {duration(eta)}"

@@ -20,7 +20,7 @@ class Tracker:
                  wandb_id: str | None = None, config: dict | None = None):
         self.cfg, self.active = cfg, rank == 0
         self.wandb_id, self._run, self._bar = wandb_id, None, None
-        self.progress = Progress(total, start=start, every_s=cfg.progress_every_s, log_every=cfg.log_every)
+        self.progress = Progress(total, every_s=cfg.progress_every_s, log_every=cfg.log_every)
         if not self.active:
             return
         if sys.stdout.isatty():

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from posttrain.config import DataFormat
+from posttrain.config import ConfigError, DataFormat
 from posttrain.data.validation import Problems
 
 _EXT = {".jsonl": DataFormat.JSONL, ".json": DataFormat.JSONL, ".parquet": DataFormat.PARQUET,
@@ -26,7 +26,7 @@ def detect_format(path: Path, fmt: DataFormat) -> DataFormat:
     if path.is_dir():
         return DataFormat.SAVED
     if path.suffix.lower() not in _EXT:
-        raise ValueError(f"{path}: cannot tell the format from the extension {path.suffix!r}; set data.format to "
+        raise ConfigError(f"{path}: cannot tell the format from the extension {path.suffix!r}; set data.format to "
                          f"one of {[f.value for f in DataFormat if f != DataFormat.AUTO]}")
     return _EXT[path.suffix.lower()]
 

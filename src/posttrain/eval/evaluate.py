@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.config import EvalConfig, RewardConfig, RolloutBackend
+from posttrain.config import ConfigError, EvalConfig, RewardConfig, RolloutBackend
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.eval.report import EvalReport
@@ -44,7 +44,7 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
     if cfg.num_problems:
         problems = problems[: cfg.num_problems]
     if not problems:
-        raise ValueError(f"{dataset_dir}: the eval split has no problems with a reference answer to score "
+        raise ConfigError(f"{dataset_dir}: the eval split has no problems with a reference answer to score "
                          "(set reward.fn to score rows without one)")
     with RewardScorer(reward) as scorer:
         scorer.check_arguments({k for ex in problems for k in (ex.get("columns") or {})})  # before generating

@@ -116,7 +116,7 @@ class RLTracker:
                  wandb_id: str | None = None, config: dict | None = None):
         self.cfg, self.total, self.wandb_id = cfg, total, wandb_id
         self._run, self._bar = None, None
-        self.progress = Progress(total, start=start, every_s=cfg.progress_every_s, log_every=cfg.log_every)
+        self.progress = Progress(total, every_s=cfg.progress_every_s, log_every=cfg.log_every)
         if sys.stdout.isatty():
             from tqdm import tqdm
 
