@@ -1,32 +1,41 @@
-"""Scheduled retraining: the full pipeline, then an evaluation gate before promotion.
+"""Scheduled retraining: the pipeline on the newest data, then a gate that compares like with like.
 
-    plan ─► data_prep ─► sft ─► rl ─► evaluate ─► gate ─► promoted? (channel pointer in the store)
+    retrain_run_id(kickoff time) ─► plan ─► data_prep ─► start_model ─► sft (or the start model) ─► rl
+        ─► promote: candidate AND current holder evaluated on the channel's pinned eval set ─► promoted / refused
 
-The gate promotes the RL model to a named channel (e.g. "production") only if its greedy accuracy reaches
-`min_accuracy` AND is not worse than the model the channel currently points to. Launch plans with cron
-schedules live in workflows/launch_plans.py.
+Each night's run id is `nightly-<kickoff time>` (the launch plan passes it), so every artifact of that night
+carries it. Data files are read afresh (by content), and `"model": {"artifact": "channel:production"}` with
+`"sft": {"enabled": false}` in `overrides` continues from the channel's current model instead of from scratch.
+The promote task's output says promoted or refused and why; every decision is a `decision` artifact
+(`posttrain channels`). Launch plans live in workflows/launch_plans.py.
 """
 
 from __future__ import annotations
 
-from flytekit import workflow
+import datetime
+from typing import Optional
+
+from flytekit import conditional, workflow
 
 from tasks.data import data_prep
-from tasks.evaluate import evaluate
+from tasks.model import given_model, start_model
 from tasks.plan import plan
-from tasks.promote import Promotion, promote
+from tasks.promote import Promotion, promote, retrain_run_id
 from tasks.rl import rl
 from tasks.sft import sft
 
 
 @workflow
-def retrain(recipe: str = "tiny_cpu", overrides: str = "", channel: str = "production",
-            min_accuracy: float = 0.5) -> Promotion:
-    p = plan(recipe=recipe, overrides=overrides, run_id="")
+def retrain(recipe: str = "tiny_cpu", overrides: str = "", channel: str = "production", min_accuracy: float = 0.5,
+            tolerance: float = 0.0, kickoff_time: Optional[datetime.datetime] = None) -> Promotion:
+    p = plan(recipe=recipe, overrides=overrides, run_id=retrain_run_id(kickoff_time=kickoff_time))
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
-    m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
-            run_id=p.run_id)
-    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model,
-           tracking=p.tracking, start_model=m, dataset=d.dataset, run_id=p.run_id)
-    e = evaluate(cfg=p.eval, reward=p.reward, model=r, dataset=d.dataset, run_id=p.run_id)
-    return promote(channel=channel, model=r, eval_report=e.report, min_accuracy=min_accuracy)
+    s = start_model(model=p.model, run_id=p.run_id)
+    m = (conditional("retrain_sft_or_start_model").if_(p.sft_enabled.is_true())
+         .then(sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
+                   start_model=s, run_id=p.run_id))
+         .else_().then(given_model(start=s)))
+    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model, tracking=p.tracking, start_model=m,
+           dataset=d.dataset, run_id=p.run_id)
+    return promote(channel=channel, model=r, dataset=d.dataset, eval=p.eval, reward=p.reward,
+                   min_accuracy=min_accuracy, tolerance=tolerance, run_id=p.run_id)

@@ -1,10 +1,15 @@
-"""The `posttrain` console command: evaluate a model you already have, and inspect the artifact store.
+"""The `posttrain` console command: evaluate a model you already have, inspect the artifact store, promote.
 
     posttrain [--home ROOT] eval [--recipe R] [--overrides JSON] [--model PATH_OR_ARTIFACT_ID] [--json]
     posttrain [--home ROOT] artifacts list [--kind K] [--run R] [--json]
+    posttrain [--home ROOT] runs [--limit N] [--json]
+    posttrain [--home ROOT] show ID [--json]
     posttrain [--home ROOT] lineage ID [--json]
     posttrain [--home ROOT] verify ID
     posttrain [--home ROOT] index rebuild
+    posttrain [--home ROOT] channels [--json]
+    posttrain [--home ROOT] promote MODEL CHANNEL [--pin DATASET [--guard DATASET]...] [--recipe R]
+                                   [--overrides JSON] [--min-accuracy X] [--tolerance T] [--json]
 
 `eval` is `workflows/pipeline.py eval_pipeline` without Flyte: plain Python calling `posttrain.stages`
 (data prep -> start model -> evaluate) in this process, with the same recipe and overrides as the pipeline
@@ -13,6 +18,11 @@ and the same stage caches. `--model` is a shorthand: a folder sets `model.base_p
 model brings its own tokenizer). Greedy accuracy always; sampled accuracy and pass@k only with `eval.k` > 0.
 It prints the eval line and the `eval` artifact id (`--json`: one JSON object on stdout, progress on stderr).
 What it leaves out: training, and placing the work on a cluster (use the workflows for that).
+
+`channels` prints each channel's holder and its decision history, newest first. `promote` runs the same gate
+as the retrain workflow (`posttrain.gating.judge`: MODEL and the channel's current model evaluated on the
+channel's pinned eval set with the recipe's eval settings): it prints `promoted: REASON` and exits 0, or
+`refused: REASON` and exits with status 3 (REFUSED_STATUS), so a script cannot take a refusal for success.
 
 A user error - a bad setting (`ConfigError`, including `RewardFunctionError`), bad input data
 (`DataValidationError`), a missing artifact or file - prints one line, `posttrain: error: ...`, and exits
@@ -33,10 +43,16 @@ from posttrain.artifacts.cli import add_commands, add_debug_flag, run_command, s
 from posttrain.artifacts.errors import ArtifactError
 from posttrain.config import ConfigError
 from posttrain.data.validation import DataValidationError
+from posttrain.promotion import PromotionError, channels, current, decisions
+from posttrain.runtime import new_run_id
 
-USER_ERRORS = (ConfigError, DataValidationError, ArtifactError, FileNotFoundError)
-"""Errors in what the user gave (settings, reward function, data, artifact ids, paths): `posttrain eval`
-prints their message alone; anything else is a bug and keeps its traceback."""
+USER_ERRORS = (ConfigError, DataValidationError, ArtifactError, FileNotFoundError, PromotionError)
+"""Errors in what the user gave (settings, reward function, data, artifact ids, paths, a model and eval that do
+not belong together): `posttrain eval`, `channels` and `promote` print their message alone; anything else is a
+bug and keeps its traceback."""
+
+REFUSED_STATUS = 3
+"""`posttrain promote`'s exit status when the gate refused the model (1 is an error, 0 a promotion)."""
 
 
 def with_model(overrides: dict, model: str) -> dict:
@@ -49,18 +65,23 @@ def with_model(overrides: dict, model: str) -> dict:
             "data": {**data, "tokenizer": {**tokenizer, "train": False}}}
 
 
+def _overrides(text: str) -> dict:
+    try:
+        over = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--overrides: not valid JSON ({e})") from None
+    if not isinstance(over, dict):
+        raise ConfigError(f"--overrides: expected a JSON object, got {type(over).__name__}")
+    return over
+
+
 def evaluate_model(*, recipe: str, overrides: str, model: str | None, run_id: str, store: ArtifactStore) -> dict:
     """Data prep, start model, evaluation; returns the ids and the eval artifact's metrics."""
     from posttrain import stages
     from posttrain.recipes import resolve
     from posttrain.runtime import new_run_id
 
-    try:
-        over = json.loads(overrides) if overrides.strip() else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--overrides: not valid JSON ({e})") from None
-    if not isinstance(over, dict):
-        raise ConfigError(f"--overrides: expected a JSON object, got {type(over).__name__}")
+    over = _overrides(overrides)
     cfg = resolve(recipe, with_model(over, model) if model else over)
     if not (cfg.model.base_path or cfg.model.artifact):
         raise ConfigError("model: nothing to evaluate; give --model PATH_OR_ARTIFACT_ID (or set model.base_path / "
@@ -73,31 +94,110 @@ def evaluate_model(*, recipe: str, overrides: str, model: str | None, run_id: st
             "store": store.root, "metrics": store.manifest(out.report.id).metrics}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n")[0])
-    ap.add_argument("--home", help="store root (default: $POSTTRAIN_HOME or ~/.posttrain)")
-    add_debug_flag(ap, top=True)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def run_eval(args: argparse.Namespace, store: ArtifactStore) -> int:
+    """`posttrain eval`: progress on stdout, or on stderr with --json so stdout holds one JSON object."""
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        result = evaluate_model(recipe=args.recipe, overrides=args.overrides, model=args.model,
+                                run_id=args.run_id, store=store)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"eval artifact {result['eval_id']}  (lineage: posttrain lineage {result['eval_id'][:12]})")
+    return 0
+
+
+def render_channel(name: str, holder: dict | None, history: list[dict]) -> list[str]:
+    """A channel as text: its holder, then one line per decision, newest first."""
+    head = (f"{name}  model {holder['model_id'][:12]}  eval {holder['eval_id'][:12]}  "
+            f"greedy {holder['greedy_accuracy']:.3f}" if holder else f"{name}  (no holder)")
+    return [head] + [f"  {d['time']}  {'promoted' if d['promoted'] else 'refused ':<8}  model {d['model_id'][:12]}"
+                     f"  greedy {d['greedy_accuracy']:.3f}  {d['reason']}" for d in history]
+
+
+def run_channels(args: argparse.Namespace, store: ArtifactStore) -> int:
+    """`posttrain channels`: every channel's holder and decision history."""
+    rows = [{"channel": c, "holder": current(c, store), "decisions": decisions(c, store)} for c in channels(store)]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif rows:  # no channel prints nothing, as an empty `artifacts list` does
+        print("\n\n".join("\n".join(render_channel(r["channel"], r["holder"], r["decisions"])) for r in rows))
+    return 0
+
+
+def run_promote(args: argparse.Namespace, store: ArtifactStore) -> int:
+    """`posttrain promote`: the retrain workflow's gate by hand - MODEL and the channel's current holder are
+    evaluated on the channel's pinned eval set with the recipe's eval settings; exit status 0 promoted,
+    REFUSED_STATUS refused."""
+    from posttrain.gating import judge
+    from posttrain.recipes import resolve
+
+    cfg = resolve(args.recipe, _overrides(args.overrides))
+    model = store.ref(args.model)
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        d = judge(channel=args.channel, model=model, pin_to=store.ref(args.pin) if args.pin else None,
+                  explicit_pin=bool(args.pin), guards=tuple(store.ref(g) for g in args.guard), eval_cfg=cfg.eval, reward=cfg.reward,
+                  min_accuracy=args.min_accuracy, tolerance=args.tolerance, run_id=args.run_id or new_run_id(),
+                  store=store)
+    if args.json:
+        print(json.dumps({"channel": args.channel, "model_id": model.id, "promoted": d.promoted,
+                          "reason": d.reason, "decision_id": d.decision_id}, indent=2))
+    else:
+        print(f"{'promoted' if d.promoted else 'refused'}: {d.reason}")
+    return 0 if d.promoted else REFUSED_STATUS
+
+
+COMMANDS = {"eval": run_eval, "channels": run_channels, "promote": run_promote}
+"""The commands this module runs itself; the store's (artifacts/cli.py) run through `run_command`."""
+
+
+def add_own_commands(sub) -> None:
+    """The `eval`, `channels` and `promote` subcommands, added to an argparse subparsers object."""
     ev = sub.add_parser("eval", help="evaluate one model on a dataset's eval split (no Flyte needed)")
     ev.add_argument("--recipe", default="tiny_cpu", help="recipe name (src/posttrain/recipes.py)")
     ev.add_argument("--overrides", default="", help="JSON overrides, as for the pipeline")
     ev.add_argument("--model", help="a local HF model folder, or a model artifact id (or unique prefix)")
     ev.add_argument("--run-id", default="", help="run id recorded in the eval manifest (default: a new one)")
     ev.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
-    add_debug_flag(ev, top=False)
+    ch = sub.add_parser("channels", help="each channel's current model and its promotion decisions")
+    ch.add_argument("--json", action="store_true")
+    pr = sub.add_parser(
+        "promote", help="judge a model against a channel's current one on the channel's pinned eval set",
+        description="Evaluate MODEL and CHANNEL's current model on the channel's pinned eval set (and guard sets) "
+                    "with the recipe's eval settings; promote MODEL when its greedy accuracy reaches "
+                    "--min-accuracy and is nowhere below the holder's by more than --tolerance. Every decision "
+                    "is stored as a `decision` artifact (see `posttrain channels`).",
+        epilog=f"exit status: 0 promoted, {REFUSED_STATUS} refused by the gate, 1 an error (a bad id, a channel "
+               f"with no pinned eval set and no --pin)")
+    pr.add_argument("model", help="model artifact id or unique prefix")
+    pr.add_argument("channel", help="channel name, e.g. production")
+    pr.add_argument("--pin", default="", help="dataset artifact whose eval split the channel is judged on from "
+                                              "now on (only for a channel that pins none yet)")
+    pr.add_argument("--guard", action="append", default=[], help="extra dataset the candidate must not get worse "
+                                                                 "on (with --pin; repeatable)")
+    pr.add_argument("--recipe", default="tiny_cpu", help="recipe whose eval settings both models are evaluated with")
+    pr.add_argument("--overrides", default="", help="JSON overrides of the recipe, e.g. '{\"eval\": {\"k\": 0}}'")
+    pr.add_argument("--min-accuracy", type=float, default=0.0,
+                    help="lowest greedy accuracy on the pinned set to promote (default 0)")
+    pr.add_argument("--tolerance", type=float, default=0.0,
+                    help="how far below the holder's accuracy the candidate may be on any set (default 0)")
+    pr.add_argument("--run-id", default="", help="run id recorded in the evaluations and the decision")
+    pr.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
+    for p in (ev, ch, pr):
+        add_debug_flag(p, top=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n")[0])
+    ap.add_argument("--home", help="store root (default: $POSTTRAIN_HOME or ~/.posttrain)")
+    add_debug_flag(ap, top=True)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_own_commands(sub)
     add_commands(sub)
     args = ap.parse_args(argv)
-    if args.cmd != "eval":
+    if args.cmd not in COMMANDS:
         return run_command(args)
     try:
-        store = ArtifactStore(args.home)
-        with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-            result = evaluate_model(recipe=args.recipe, overrides=args.overrides, model=args.model,
-                                    run_id=args.run_id, store=store)
-        if args.json:
-            print(json.dumps(result, indent=2))
-        else:
-            print(f"eval artifact {result['eval_id']}  (lineage: posttrain lineage {result['eval_id'][:12]})")
+        status = COMMANDS[args.cmd](args, ArtifactStore(args.home))
         sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's final flush
     except BrokenPipeError:
         return stdout_closed()
@@ -106,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"posttrain: error: {e}", file=sys.stderr)
         return 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -92,16 +92,17 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
 
 
 def start_model(model: ModelConfig, *, run_id: str, store: ArtifactStore | None = None) -> ArtifactRef | None:
-    """The model a run starts from, as a `model` artifact: `model.artifact` looked up in the store (an id or
-    a unique prefix), or the `model.base_path` folder stored as an artifact - by content, so the same folder
+    """The model a run starts from, as a `model` artifact: `model.artifact` looked up in the store (an id, a
+    unique prefix, or `channel:NAME` - the model that channel holds now), or the `model.base_path` folder stored as an artifact - by content, so the same folder
     always gives the same id and is copied into the store only once (a later call re-hashes it, which notices
     an edited file, and copies nothing). None for a from-scratch model (neither is set)."""
     from posttrain.artifacts import ArtifactNotFoundError
 
     store = store or ArtifactStore()
     if model.artifact:
+        artifact = _from_channel(model.artifact, store)
         try:
-            ref = store.ref(model.artifact)
+            ref = store.ref(artifact)
         except ArtifactNotFoundError as e:
             raise ArtifactNotFoundError(f"model.artifact: {e}") from None
         if ref.kind != "model":
@@ -121,6 +122,21 @@ def start_model(model: ModelConfig, *, run_id: str, store: ArtifactStore | None 
                     extra={"stage": "base"})
     print(f"start_model: {base} -> model artifact {ref.short}")
     return ref
+
+
+def _from_channel(artifact: str, store: ArtifactStore) -> str:
+    """`channel:NAME` -> the id of the model the channel holds (ConfigError when it holds none); else as given."""
+    if not artifact.startswith("channel:"):
+        return artifact
+    from posttrain.promotion import current
+
+    name = artifact.removeprefix("channel:")
+    held = current(name, store)
+    if held is None:
+        raise ConfigError(f"model.artifact: {artifact!r}: channel {name!r} holds no model yet in {store.root} (no "
+                          f"promotion so far); start from a model id or base_path for the first run")
+    print(f"start_model: channel {name} holds model {held['model_id'][:12]}")
+    return held["model_id"]
 
 
 def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, dataset: ArtifactRef,

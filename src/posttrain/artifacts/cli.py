@@ -1,9 +1,11 @@
-"""The store's commands: list artifacts, show lineage, verify files, rebuild the index.
+"""The store's commands: list artifacts and runs, show one artifact or its lineage, verify files, rebuild the index.
 
-The `posttrain` console command (posttrain/cli.py) adds these to its own (`eval`); this module runs alone
+The `posttrain` console command (posttrain/cli.py) adds these to its own (`eval`, `channels`, `promote`); this module runs alone
 too (`python -m posttrain.artifacts.cli`) and imports nothing above the artifact store.
 
     posttrain [--home ROOT] artifacts list [--kind K] [--run R] [--json]
+    posttrain [--home ROOT] runs [--limit N] [--json]
+    posttrain [--home ROOT] show ID [--json]
     posttrain [--home ROOT] lineage ID [--json]
     posttrain [--home ROOT] verify ID
     posttrain [--home ROOT] index rebuild
@@ -16,12 +18,15 @@ ends quietly with status 141, as a command killed by SIGPIPE does.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
+from collections import defaultdict
 from dataclasses import asdict
 
-from posttrain.artifacts.errors import ArtifactError
+from posttrain.artifacts.errors import ArtifactError, ArtifactNotFoundError
+from posttrain.artifacts.manifest import Manifest
 from posttrain.artifacts.store import ArtifactStore, LineageNode
 
 
@@ -62,6 +67,153 @@ def _tree_json(node: LineageNode) -> dict:
             "metrics": m.metrics, "extra": m.extra, "parents": [_tree_json(p) for p in node.parents]}
 
 
+# ------------------------------------------------------------------------------------- runs and show
+
+STAGE_ORDER = ("dataset", "tokenizer", "base", "model", "sft", "rl", "eval", "decision")
+"""Pipeline order: it breaks ties between artifacts created in the same second."""
+
+HEADLINE = ("greedy_accuracy", "sampled_accuracy", "pass_at_k", "num_problems")
+"""An eval's key metrics (sampled accuracy and pass@k exist only with eval.k > 0)."""
+
+
+def stage(m: Manifest) -> str:
+    """What made an artifact: its kind, or for a model the stage that stored it (`extra["stage"]`: base or
+    sft; RL checkpoints record their `policy_version` instead); "model" when neither says."""
+    if m.kind != "model":
+        return m.kind
+    return "rl" if "policy_version" in m.extra else m.extra.get("stage", "model")
+
+
+def _entry(m: Manifest, by_id: dict[str, Manifest]) -> dict:
+    """One artifact of a run: its stage, ids, and for an eval the model it scored and its headline metrics."""
+    e = {"stage": stage(m), "id": m.id, "kind": m.kind, "name": m.name, "created": m.created}
+    if m.kind == "eval":
+        model = next((by_id[p] for p in m.parents if p in by_id and by_id[p].kind == "model"), None)
+        e.update(model_id=model.id if model else None, model_stage=stage(model) if model else None,
+                 metrics={k: m.metrics[k] for k in HEADLINE if k in m.metrics})
+    return e
+
+
+def _rank(s: str) -> int:
+    return STAGE_ORDER.index(s if s in STAGE_ORDER else "model")
+
+
+def _order(e: dict) -> tuple:
+    """Creation time, then pipeline order (an eval right after the stage of the model it scored)."""
+    rank = _rank(e.get("model_stage") or "eval") + 0.5 if e["stage"] == "eval" else _rank(e["stage"])
+    return e["created"], rank
+
+
+def run_status(arts: list[dict]) -> str:
+    """The run's status: "complete" when its last training stage has a model and that model an eval in the run: an RL
+    model with an eval of it, or for a run without RL an SFT model with an eval of it; a run that trained
+    nothing (`posttrain eval`) is complete once it has an eval. Otherwise "partial (last stage: S)", S being
+    the stage of the run's newest artifact. A stage served from the cache stored nothing in this run (its
+    artifact belongs to the run that made it first), so it counts for that run, not this one."""
+    stages = {a["stage"] for a in arts}
+    final = "rl" if "rl" in stages else "sft" if "sft" in stages else None
+    evaluated = {a["model_id"] for a in arts if a["stage"] == "eval"}
+    done = any(a["id"] in evaluated for a in arts if a["stage"] == final) if final else bool(evaluated)
+    return "complete" if done else f"partial (last stage: {_label(arts[-1])})"
+
+
+def _label(e: dict) -> str:
+    return f"eval({e['model_stage']})" if e["stage"] == "eval" and e.get("model_stage") else e["stage"]
+
+
+def runs(store: ArtifactStore) -> list[dict]:
+    """Every run in the store (its manifests grouped by run id), newest first (by the first artifact's time)."""
+    manifests = store.list()
+    by_id = {m.id: m for m in manifests}
+    grouped: dict[str, list[dict]] = defaultdict(list)
+    for m in manifests:
+        grouped[m.run_id].append(_entry(m, by_id))
+    out = [_run(run_id, sorted(arts, key=_order)) for run_id, arts in grouped.items()]
+    return sorted(out, key=lambda r: (r["first_created"], r["run_id"]), reverse=True)
+
+
+def _run(run_id: str, arts: list[dict]) -> dict:
+    first, last = arts[0]["created"], max(a["created"] for a in arts)
+    wall = datetime.datetime.fromisoformat(last) - datetime.datetime.fromisoformat(first)
+    return {"run_id": run_id, "status": run_status(arts), "first_created": first, "last_created": last,
+            "wall_s": wall.total_seconds(), "artifacts": arts}
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _fmt(x) -> str:
+    """A metric for the console: floats to 4 significant digits, "n/a" for a missing one."""
+    return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _headline(metrics: dict) -> str:
+    return (f"greedy {_fmt(metrics.get('greedy_accuracy'))}  sampled {_fmt(metrics.get('sampled_accuracy'))}"
+            f"  pass@k {_fmt(metrics.get('pass_at_k'))}  on {_fmt(metrics.get('num_problems'))} problems")
+
+
+def render_run(run: dict) -> list[str]:
+    """A run as text: one line for the run, one per artifact; RL checkpoints collapse into the last one."""
+    arts = run["artifacts"]
+    rl = [a for a in arts if a["stage"] == "rl"]
+    head = (f"run {run['run_id']}  {run['status']}  {run['first_created']}  wall {_duration(run['wall_s'])}"
+            f"  ({len(arts)} artifacts)")
+    lines = [head]
+    for a in arts:
+        if a["stage"] == "rl" and a is not rl[-1]:
+            continue
+        note = (_headline(a["metrics"]) if a["stage"] == "eval" else
+                f"({len(rl)} checkpoints)" if a["stage"] == "rl" and len(rl) > 1 else "")
+        lines.append(f"  {_label(a):<10} {a['id'][:12]}  {a['name']:<24} {note}".rstrip())
+    return lines
+
+
+def _size(n: float) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
+        n, i = n / 1024, i + 1
+    return f"{n:.0f} {units[i]}" if i == 0 else f"{n:.1f} {units[i]}"
+
+
+def _parents(store: ArtifactStore, m: Manifest) -> list[dict]:
+    """The parents' kind, stage, name and run; {"id", "missing": True} for one no longer in the store."""
+    out = []
+    for pid in m.parents:
+        try:
+            p = store.manifest(pid)
+        except ArtifactNotFoundError:
+            out.append({"id": pid, "missing": True})
+            continue
+        out.append({"id": p.id, "kind": p.kind, "stage": stage(p), "name": p.name, "run_id": p.run_id,
+                    "created": p.created})
+    return out
+
+
+def render_show(m: Manifest, parents: list[dict]) -> list[str]:
+    """One artifact as text: where it came from, its key config, code version, files and every metric."""
+    code = m.code
+    commit = code.get("git_commit")
+    lines = [f"{m.kind} {m.id[:12]}  {m.name}", f"  id       {m.id}", f"  stage    {stage(m)}",
+             f"  run      {m.run_id}  created {m.created}"]
+    for i, p in enumerate(parents):
+        what = "(missing from the store)" if p.get("missing") else f"{p['stage']:<9} {p['name']}  (run {p['run_id']})"
+        lines.append(f"  {'parents' if i == 0 else '':<8} {p['id'][:12]}  {what}")
+    cfg = ", ".join(f"{k}={v}" for k, v in _key_config(m).items())
+    if cfg:
+        lines.append(f"  config   {cfg}")
+    lines.append(f"  code     posttrain {code.get('package')}, commit {commit[:12] if commit else 'unknown'}"
+                 + (" (dirty)" if code.get("git_dirty") else ""))
+    n = len(m.files)
+    lines.append(f"  files    {n} file{'' if n == 1 else 's'}, {_size(sum(f['size'] for f in m.files.values()))}")
+    if m.kind == "eval":
+        lines.append(f"  result   {_headline(m.metrics)}")
+    lines.extend(f"  {'metrics' if i == 0 else '':<8} {k} = {_fmt(v)}" for i, (k, v) in enumerate(m.metrics.items()))
+    return lines
+
+
 SIGPIPE_STATUS = 141
 """Exit status after stdout's reader went away: 128 + SIGPIPE, what a shell reports for `seq 1 1e9 | head`."""
 
@@ -83,6 +235,13 @@ def add_debug_flag(parser: argparse.ArgumentParser, *, top: bool) -> None:
                         help="show the traceback of an error instead of one line")
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text}")
+    return n
+
+
 def add_commands(sub) -> None:
     """The store's subcommands (artifacts, lineage, verify, index), added to an argparse subparsers object."""
     arts = sub.add_parser("artifacts", help="list stored artifacts").add_subparsers(dest="sub", required=True)
@@ -90,6 +249,12 @@ def add_commands(sub) -> None:
     ls.add_argument("--kind")
     ls.add_argument("--run")
     ls.add_argument("--json", action="store_true")
+    rs = sub.add_parser("runs", help="every pipeline run: its stages, artifact ids, eval accuracy, status")
+    rs.add_argument("--limit", type=_positive, help="only the N newest runs")
+    rs.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", help="one artifact: manifest, parents, config, files, metrics")
+    show.add_argument("id")
+    show.add_argument("--json", action="store_true")
     lin = sub.add_parser("lineage", help="ancestor tree of an artifact")
     lin.add_argument("id")
     lin.add_argument("--json", action="store_true")
@@ -98,7 +263,7 @@ def add_commands(sub) -> None:
     idx = sub.add_parser("index", help="rebuild the SQLite index from the manifests").add_subparsers(
         dest="sub", required=True)
     rebuild = idx.add_parser("rebuild")
-    for p in (ls, lin, ver, rebuild):
+    for p in (ls, rs, show, lin, ver, rebuild):
         add_debug_flag(p, top=False)
 
 
@@ -114,6 +279,15 @@ def run_command(args: argparse.Namespace) -> int:
             else:
                 for m in rows:
                     print(f"{m.kind:<9} {m.id[:12]}  {m.name:<28} run {m.run_id}  {m.created}")
+        elif args.cmd == "runs":
+            rows = runs(store)[:args.limit]
+            if args.json or rows:  # an empty store prints nothing, as `artifacts list` does
+                print(json.dumps(rows, indent=2) if args.json else "\n\n".join("\n".join(render_run(r)) for r in rows))
+        elif args.cmd == "show":
+            m = store.manifest(args.id)
+            parents = _parents(store, m)
+            print(json.dumps({"manifest": asdict(m), "parents": parents}, indent=2) if args.json
+                  else "\n".join(render_show(m, parents)))
         elif args.cmd == "lineage":
             tree = store.lineage(args.id)
             print(json.dumps(_tree_json(tree), indent=2) if args.json else "\n".join(render_lineage(tree)))

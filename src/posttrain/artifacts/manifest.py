@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 SCHEMA_VERSION = 1
-KINDS = ("dataset", "tokenizer", "model", "eval")
+KINDS = ("dataset", "tokenizer", "model", "eval", "decision")
 
 
 @dataclass(frozen=True, kw_only=True)

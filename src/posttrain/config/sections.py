@@ -87,7 +87,9 @@ class ModelConfig:
     """A local HF model folder (safetensors) to start from; "" builds a tiny model from scratch (or uses
     `artifact`)."""
     artifact: str = ""
-    """A `model` artifact id (or unique prefix) in the store to start from instead of `base_path`."""
+    """A `model` artifact id (or unique prefix) in the store to start from instead of `base_path`, or
+    `channel:NAME`: the model that channel holds when the run starts (e.g. a nightly retrain that continues
+    from production's model)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute) in SFT and RL updates."""
     arch: Arch = Arch.LLAMA
