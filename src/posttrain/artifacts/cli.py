@@ -28,6 +28,7 @@ from dataclasses import asdict
 from posttrain.artifacts.errors import ArtifactError, ArtifactNotFoundError
 from posttrain.artifacts.manifest import Manifest
 from posttrain.artifacts.store import ArtifactStore, LineageNode
+from posttrain.progress import duration
 
 
 def _key_config(m) -> dict:
@@ -139,11 +140,6 @@ def _run(run_id: str, arts: list[dict]) -> dict:
             "wall_s": wall.total_seconds(), "artifacts": arts}
 
 
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
 def _fmt(x) -> str:
     """A metric for the console: floats to 4 significant digits, "n/a" for a missing one."""
     return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
@@ -158,7 +154,7 @@ def render_run(run: dict) -> list[str]:
     """A run as text: one line for the run, one per artifact; RL checkpoints collapse into the last one."""
     arts = run["artifacts"]
     rl = [a for a in arts if a["stage"] == "rl"]
-    head = (f"run {run['run_id']}  {run['status']}  {run['first_created']}  wall {_duration(run['wall_s'])}"
+    head = (f"run {run['run_id']}  {run['status']}  {run['first_created']}  wall {duration(run['wall_s'])}"
             f"  ({len(arts)} artifacts)")
     lines = [head]
     for a in arts:
