@@ -29,6 +29,9 @@ run: install
 	$(BIN)/pyflyte run workflows/pipeline.py pipeline
 
 test: install
+	# The Deck browser test (tests/integration/test_decks_browser.py) drives Debian's chromium; it skips without it.
+	command -v chromium >/dev/null || (command -v apt-get >/dev/null && apt-get install -y -q chromium) \
+	  || echo "chromium not installed: the browser test will skip"
 	# Tests that start Ray run in their own pytest process (forking ranks after Ray started can deadlock).
 	# The end-to-end pipeline test forks SFT ranks and then starts Ray: its own process as well.
 	$(BIN)/pytest -m "not ray and not e2e" -q -ra

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from flytekit import Resources, task
+from flytekit import Deck, Resources, task
 
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
@@ -13,11 +13,14 @@ from posttrain.config import DataConfig
 DataOut = NamedTuple("DataOut", [("dataset", ArtifactRef), ("tokenizer", Optional[ArtifactRef])])
 
 
-@task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"))
+@task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"), enable_deck=True)
 def data_prep(cfg: DataConfig, require_completions: bool, run_id: str) -> DataOut:
     """`require_completions` (the workflows pass `sft.enabled`): every train row must end with an assistant
-    turn, because SFT will train on it."""
+    turn, because SFT will train on it. Deck: the dataset's page (posttrain.report)."""
     from posttrain import stages
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.report import render_page
 
     out = stages.data_prep(cfg, require_completions=require_completions, run_id=run_id)
+    Deck("dataset", render_page(ArtifactStore(out.dataset.store), out.dataset.id, standalone=False))
     return DataOut(out.dataset, out.tokenizer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from flytekit import Resources, task
+from flytekit import Deck, Resources, task
 
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
@@ -20,9 +20,13 @@ class EvalOut(NamedTuple):
     reward_failures: int
 
 
-@task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"))
+@task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"), enable_deck=True)
 def evaluate(cfg: EvalConfig, reward: RewardConfig, model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> EvalOut:
+    """Deck: the eval's page (intervals, samples, and the start model's eval beside it when there is one)."""
     from posttrain import stages
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.report import render_page
 
     out = stages.evaluate(cfg, reward, model=model, dataset=dataset, run_id=run_id)
+    Deck("eval", render_page(ArtifactStore(out.report.store), out.report.id, standalone=False))
     return EvalOut(out.report, out.greedy_accuracy, out.sampled_accuracy, out.pass_at_k, out.reward_failures)

@@ -8,19 +8,25 @@ from __future__ import annotations
 
 from typing import Optional
 
-from flytekit import Resources, task
+from flytekit import Deck, Resources, task
 
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import ModelConfig
 
 
-@task(container_image=cpu_image, requests=Resources(cpu="1", mem="2Gi"))
+@task(container_image=cpu_image, requests=Resources(cpu="1", mem="2Gi"), enable_deck=True)
 def start_model(model: ModelConfig, run_id: str) -> Optional[ArtifactRef]:
-    """`model.artifact` or the stored `model.base_path` folder; None for a from-scratch model."""
+    """`model.artifact` or the stored `model.base_path` folder; None for a from-scratch model. Deck: the
+    model's page (its own training curves when it came out of an earlier SFT or RL run)."""
     from posttrain import stages
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.report import render_page
 
-    return stages.start_model(model, run_id=run_id)
+    ref = stages.start_model(model, run_id=run_id)
+    if ref is not None:
+        Deck("model", render_page(ArtifactStore(ref.store), ref.id, standalone=False))
+    return ref
 
 
 @task(container_image=cpu_image)

@@ -7,7 +7,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Optional
 
-from flytekit import task
+from flytekit import Deck, task
 
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
@@ -37,14 +37,18 @@ def retrain_run_id(kickoff_time: Optional[datetime.datetime]) -> str:
     return f"nightly-{t:%Y%m%dT%H%M%SZ}"
 
 
-@task(container_image=cpu_image)
+@task(container_image=cpu_image, enable_deck=True)
 def promote(channel: str, model: ArtifactRef, dataset: ArtifactRef, eval: EvalConfig, reward: RewardConfig,
             min_accuracy: float, tolerance: float, run_id: str) -> Promotion:
-    """`dataset` (the run's) becomes the channel's pinned eval set only at its first decision."""
+    """`dataset` (the run's) becomes the channel's pinned eval set only at its first decision. Deck: the
+    decision - verdict, reason, both models' accuracies per set against the bar."""
     from posttrain.artifacts import ArtifactStore
     from posttrain.gating import judge
+    from posttrain.report import render_page
 
+    store = ArtifactStore()
     d = judge(channel=channel, model=model, pin_to=dataset, eval_cfg=eval, reward=reward, min_accuracy=min_accuracy,
-              tolerance=tolerance, run_id=run_id, store=ArtifactStore())
+              tolerance=tolerance, run_id=run_id, store=store)
+    Deck("promotion", render_page(store, d.decision_id, standalone=False))
     return Promotion(channel=channel, promoted=d.promoted, model_id=model.id, reason=d.reason,
                      decision_id=d.decision_id)

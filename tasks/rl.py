@@ -16,7 +16,7 @@ settings, stale weights, drift, non-finite numbers, a failing reward) is not ret
 
 from __future__ import annotations
 
-from flytekit import Resources, task
+from flytekit import Deck, Resources, task
 from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
 
 from images.specs import cpu_image
@@ -42,16 +42,21 @@ ray_config = RayJobConfig(
 
 
 @task(container_image=cpu_image, task_config=ray_config, requests=Resources(cpu="1", mem="2Gi"),
-      retries=settings.TASK_RETRIES)
+      retries=settings.TASK_RETRIES, enable_deck=True)
 def rl(rl: RLConfig, reward: RewardConfig, placement: PlacementConfig, model: ModelConfig, tracking: TrackingConfig,
        start_model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> ArtifactRef:
+    """Deck: the final model's page (per-step curves and phase times), or the start model's when RL is off."""
     from flytekit.exceptions.user import FlyteRecoverableException
 
     from posttrain import stages
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.report import render_page
     from posttrain.rl.run import RESTARTABLE
 
     try:
-        return stages.rl(rl, reward, placement, tracking, max_seq_len=model.max_seq_len, model_cfg=model,
-                         start_model=start_model, dataset=dataset, run_id=run_id)
+        ref = stages.rl(rl, reward, placement, tracking, max_seq_len=model.max_seq_len, model_cfg=model,
+                        start_model=start_model, dataset=dataset, run_id=run_id)
     except RESTARTABLE as e:  # lost workers or timeouts beyond rl.max_restarts: let Flyte retry the task
         raise FlyteRecoverableException(f"{type(e).__name__}: {e}") from e
+    Deck("rl", render_page(ArtifactStore(ref.store), ref.id, standalone=False))
+    return ref

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from flytekit import Resources, task
+from flytekit import Deck, Resources, task
 from flytekitplugins.kfpytorch import Elastic
 
 from images.specs import cpu_image
@@ -29,10 +29,17 @@ from tasks import settings
                         monitor_interval=1, increase_shared_mem=False, max_restarts=settings.SFT_MAX_RESTARTS),
     requests=Resources(cpu="2", mem="8Gi"),
     retries=settings.TASK_RETRIES,
+    enable_deck=True,
 )
 def sft(model: ModelConfig, sft: SFTConfig, tracking: TrackingConfig, dataset: ArtifactRef,
         tokenizer: Optional[ArtifactRef], run_id: str, start_model: Optional[ArtifactRef] = None) -> ArtifactRef:
-    """`start_model`: the model to fine-tune (tasks/model.py); left out, it is resolved from `model` here."""
+    """`start_model`: the model to fine-tune (tasks/model.py); left out, it is resolved from `model` here.
+    Deck: the model's training curves (rank 0 makes it; Elastic hands rank 0's Decks to the task)."""
     from posttrain import stages
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.report import render_page
 
-    return stages.sft(model, sft, tracking, dataset=dataset, tokenizer=tokenizer, start=start_model, run_id=run_id)
+    ref = stages.sft(model, sft, tracking, dataset=dataset, tokenizer=tokenizer, start=start_model, run_id=run_id)
+    if ref is not None:  # rank 0
+        Deck("sft", render_page(ArtifactStore(ref.store), ref.id, standalone=False))
+    return ref

@@ -76,7 +76,8 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
                                     "num_duplicates": info.num_duplicates,
                                     "num_eval_in_train": info.num_eval_in_train,
                                     "num_train_dropped_for_eval": info.num_train_dropped_for_eval},
-                           extra={"require_completions": require_completions})
+                           extra={"require_completions": require_completions, "rows_per_file": info.rows_per_file,
+                                  "dropped_sample": info.dropped_sample})
         store.cache_put(key + "-dataset", ds_ref)
         if cfg.tokenizer.train:
             tok_dir = Path(tmp) / "tokenizer"
@@ -188,12 +189,13 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
         metrics = run_sft(model_cfg=model, sft_cfg=sft_cfg, tracking_cfg=tracking, dataset_dir=ds_dir,
                           tokenizer_dir=tok_dir, base_model_dir=base_dir, out_dir=out_dir,
                           state_dir=state, run_name=f"sft-{run_id}")
+        history = metrics.pop("history")  # per-step numbers: the manifest's extra, which the id does not cover
         if rank != 0:
             return None
         parents = [dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
         ref = store.put("model", f"sft-{dataset.name}", out_dir, run_id=run_id, parents=parents,
                         config={"model": to_dict(model), "sft": to_dict(sft_cfg)}, metrics=metrics,
-                        extra={"start_model": start.id if start else None, "stage": "sft"},
+                        extra={"start_model": start.id if start else None, "stage": "sft", "history": history},
                         world_size=int(os.environ.get("WORLD_SIZE", "1")))
     store.cache_put(key, ref)
     if not sft_cfg.keep_state:  # only after the model is stored: a failed run keeps its state and resumes

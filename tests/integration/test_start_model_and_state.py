@@ -110,16 +110,19 @@ def test_sft_state_is_deleted_after_success_and_kept_with_keep_state(tmp_path, t
 
 @pytest.mark.timeout(900)
 def test_sft_state_survives_a_killed_run_and_the_rerun_resumes_then_deletes_it(tmp_path, tiny_sft_model):
+    from posttrain.artifacts import ArtifactStore
+
     home = tmp_path / "home"
     proc = _start(home, tiny_sft_model, "long")
     deadline = time.time() + 300
-    while not list((home / "state" / "sft").glob("*/step-*[0-9]")):  # a complete state save (not a .tmp)
+    while not list((home / "state" / "sft").glob("*/step-*[0-9]/meta.json")):  # a committed state save
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.05)
     time.sleep(0.5)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(30)
-    saved = sorted((home / "state" / "sft").glob("*/step-*[0-9]"))
+    saved = sorted(p.parent for p in (home / "state" / "sft").glob("*/step-*[0-9]/meta.json"))  # a kill mid-save
+    # leaves a newer step folder without meta.json: never loaded
     assert saved, "the killed run's state was deleted"
     last = int(saved[-1].name.split("-")[1])
     out, stdout = _run(home, tiny_sft_model, "long")
@@ -127,3 +130,5 @@ def test_sft_state_survives_a_killed_run_and_the_rerun_resumes_then_deletes_it(t
     assert first_logged == last >= 1  # resumed from the newest saved step (a fresh start logs step 0)
     assert f"sft: resuming at step {last} of saved state " in stdout  # and said so
     assert out["state"] == []
+    history = ArtifactStore(home).manifest(out["model"]).extra["history"]  # the report's curves: every step once
+    assert [h["step"] for h in history] == list(range(1, 301))

@@ -119,3 +119,11 @@ def test_show_into_a_pipe_closed_early_ends_quietly(home):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert err == "", err
+
+
+def test_show_html_writes_the_artifacts_page(home, capsys, tmp_path):
+    root, ids = home
+    status, out, _ = _cli(capsys, root, "show", ids["sft_a"][:12], "--html", str(tmp_path / "sft.html"))
+    page = (tmp_path / "sft.html").read_text()
+    assert status == 0 and out.startswith("model ") and page.lower().startswith("<!doctype html>")
+    assert ids["sft_a"] in page and "holds no per-step history" in page  # the SFT page, of a model stored without

@@ -233,4 +233,5 @@ def test_checkpoint_resume_gives_the_same_run(tmp_path):
     manifest = ck.store.manifest(resumed.model_id)
     assert manifest.kind == "model" and manifest.extra["policy_version"] == 4 and manifest.extra["reward"] == "fake"
     assert manifest.metrics["step"] == 4
+    assert [h["step"] for h in manifest.extra["history"]] == [1, 2, 3, 4]  # the report's curves, resume included
     assert json.loads((tmp_path / "state" / "step-000004" / "controller.json").read_text())["sampler"]["cursor"] == 16

@@ -5,7 +5,7 @@ too (`python -m posttrain.artifacts.cli`) and imports nothing above the artifact
 
     posttrain [--home ROOT] artifacts list [--kind K] [--run R] [--json]
     posttrain [--home ROOT] runs [--limit N] [--json]
-    posttrain [--home ROOT] show ID [--json]
+    posttrain [--home ROOT] show ID [--json] [--html FILE]
     posttrain [--home ROOT] lineage ID [--json]
     posttrain [--home ROOT] verify ID
     posttrain [--home ROOT] index rebuild
@@ -24,6 +24,7 @@ import os
 import sys
 from collections import defaultdict
 from dataclasses import asdict
+from pathlib import Path
 
 from posttrain.artifacts.errors import ArtifactError, ArtifactNotFoundError
 from posttrain.artifacts.manifest import Manifest
@@ -251,6 +252,8 @@ def add_commands(sub) -> None:
     show = sub.add_parser("show", help="one artifact: manifest, parents, config, files, metrics")
     show.add_argument("id")
     show.add_argument("--json", action="store_true")
+    show.add_argument("--html", metavar="FILE", help="also write the artifact's page (its Flyte Deck, with charts) "
+                                                    "to FILE, readable offline")
     lin = sub.add_parser("lineage", help="ancestor tree of an artifact")
     lin.add_argument("id")
     lin.add_argument("--json", action="store_true")
@@ -284,6 +287,10 @@ def run_command(args: argparse.Namespace) -> int:
             parents = _parents(store, m)
             print(json.dumps({"manifest": asdict(m), "parents": parents}, indent=2) if args.json
                   else "\n".join(render_show(m, parents)))
+            if args.html:  # the same page as the stage's Flyte Deck, with its charts
+                from posttrain.report import render_page
+
+                Path(args.html).write_text(render_page(store, m.id))
         elif args.cmd == "lineage":
             tree = store.lineage(args.id)
             print(json.dumps(_tree_json(tree), indent=2) if args.json else "\n".join(render_lineage(tree)))

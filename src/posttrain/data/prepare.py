@@ -21,7 +21,7 @@ import os
 import random
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from posttrain.config import DataConfig, DataSchema
@@ -54,6 +54,19 @@ class DatasetInfo:
     """Names of the extra source columns kept under each example's "columns" (sorted)."""
     sources: list[dict]
     """{"path", "sha256", "split"} for every source file ("train" for data.files, "eval" for data.eval_files)."""
+    rows_per_file: list[dict] = field(default_factory=list)
+    """{"file", "rows", "train", "eval", "duplicates", "eval_prompt"} per source file (or built-in task): rows
+    read, where they went, and why the others were left out. Not written to info.json (see _REPORT_ONLY)."""
+    dropped_sample: list[dict] = field(default_factory=list)
+    """Up to DROPPED_SAMPLE left-out rows, {"where", "reason", "prompt"}. Not written to info.json."""
+
+
+_REPORT_ONLY = ("rows_per_file", "dropped_sample")
+"""DatasetInfo fields kept out of info.json: they describe how the files were made, not what they hold, and
+info.json is part of the dataset's content (its artifact id); stages.data_prep puts them in the manifest."""
+DROPPED_SAMPLE = 5
+_SOURCE = "_source"
+"""Key of the (file, location) tag a row carries while it is prepared; removed before anything is written."""
 
 
 def _digest(paths: list[str]) -> str:
@@ -91,17 +104,20 @@ def _load_files(files: list[str], setting: str, cfg: DataConfig, problems: Probl
     for where, row in iter_rows(files, cfg.format, problems, setting=setting):
         ex = to_example(row, where, cfg, problems, require_completion=require_completion)
         if ex is not None:
-            out.append(with_system_prompt(ex, cfg.system_prompt))
+            out.append({**with_system_prompt(ex, cfg.system_prompt), _SOURCE: (where.rsplit(":", 1)[0], where)})
     return out
 
 
 def load_examples(cfg: DataConfig, *, require_completions: bool) -> tuple[list[dict], list[dict] | None]:
-    """(train examples, eval examples or None without `data.eval_files`), validated, in source order.
+    """(train examples, eval examples or None without `data.eval_files`), validated, in source order. Each
+    carries a `_SOURCE` tag (file, location) until `_untagged` removes it.
 
     Raises DataValidationError listing every problem of every file."""
     if cfg.task:
         examples = [{**ex, "columns": ex.get("columns", {})} for ex in synthetic.TASKS[cfg.task](cfg)]
-        return [with_system_prompt(ex, cfg.system_prompt) for ex in examples], None
+        source = f"task:{cfg.task}"
+        return [{**with_system_prompt(ex, cfg.system_prompt), _SOURCE: (source, f"{source} row {i}")}
+                for i, ex in enumerate(examples, start=1)], None
     if require_completions and cfg.schema == DataSchema.PROMPT_ANSWER:
         raise DataValidationError([
             (f"data.schema: {cfg.schema.value!r} rows ({', '.join(cfg.files)}) are prompts without completions, "
@@ -148,6 +164,34 @@ def _hold_out(examples: list[dict], order: list[int], eval_size: int, where: str
             len(examples) - len(eval_idx) - len(train_idx))
 
 
+def _untagged(examples: list[dict]) -> list[dict]:
+    """The examples without their `_SOURCE` tag, as they are written."""
+    return [{k: v for k, v in ex.items() if k != _SOURCE} for ex in examples]
+
+
+def _row_report(loaded: list[dict], unique: list[dict], train: list[dict], held: list[dict] | None, eval_: list[dict]
+                ) -> tuple[list[dict], list[dict]]:
+    """(rows per source file, a sample of left-out rows with the reason), from the tagged examples: `loaded`
+    (data.files or the task, before de-duplication), `unique` (after it), the splits, and `held`
+    (data.eval_files rows, which are all kept)."""
+    in_train, in_eval, in_unique = ({id(ex) for ex in xs} for xs in (train, eval_, unique))
+    per_file: dict[str, dict] = {}
+    dropped = []
+    for ex in loaded + (held or []):
+        file, where = ex[_SOURCE]
+        row = per_file.setdefault(file, {"file": file, "rows": 0, "train": 0, "eval": 0, "duplicates": 0,
+                                         "eval_prompt": 0})
+        row["rows"] += 1
+        outcome = ("train" if id(ex) in in_train else "eval" if id(ex) in in_eval
+                   else "eval_prompt" if id(ex) in in_unique else "duplicates")
+        row[outcome] += 1
+        if outcome in ("duplicates", "eval_prompt") and len(dropped) < DROPPED_SAMPLE:
+            reason = ("exact duplicate of an earlier row" if outcome == "duplicates"
+                      else "same prompt as a held-out eval problem")
+            dropped.append({"where": where, "reason": reason, "prompt": prompt_messages(ex)[-1]["content"][:200]})
+    return list(per_file.values()), dropped
+
+
 def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions: bool = True) -> DatasetInfo:
     """Validate, de-duplicate and split the data into `out_dir`; nothing is written when anything is wrong.
 
@@ -158,7 +202,7 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"dataset output folder {out_dir} is not empty")
     examples, held = load_examples(cfg, require_completions=require_completions)
-    n_before = len(examples)
+    loaded, n_before = examples, len(examples)
     if cfg.dedupe:
         examples = _dedupe(examples)
     where = "data.files" if cfg.files else f"data.task={cfg.task}"
@@ -181,18 +225,20 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
     sources = ([{"path": str(f), "sha256": _digest([f]), "split": "train"} for f in cfg.files]
                + [{"path": str(f), "sha256": _digest([f]), "split": "eval"} for f in cfg.eval_files])
     columns = sorted({c for ex in train_ex + eval_ex for c in ex["columns"]})
+    rows_per_file, dropped_sample = _row_report(loaded, examples, train_ex, held, eval_ex)
     info = DatasetInfo(task=cfg.task or None, schema=cfg.schema.value, num_train=len(train_ex),
                        num_eval=len(eval_ex), num_duplicates=n_before - len(examples), num_eval_in_train=in_train,
                        num_train_dropped_for_eval=dropped_for_eval,
                        eval_from_files=held is not None, require_completions=require_completions,
-                       columns=columns, sources=sources)
+                       columns=columns, sources=sources, rows_per_file=rows_per_file, dropped_sample=dropped_sample)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir.parent))
     try:
-        write_jsonl(stage / "train.jsonl", train_ex)
-        write_jsonl(stage / "eval.jsonl", eval_ex)
-        (stage / "info.json").write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
+        write_jsonl(stage / "train.jsonl", _untagged(train_ex))
+        write_jsonl(stage / "eval.jsonl", _untagged(eval_ex))
+        written = {k: v for k, v in asdict(info).items() if k not in _REPORT_ONLY}
+        (stage / "info.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
         if out_dir.exists():
             out_dir.rmdir()
         os.rename(stage, out_dir)

@@ -3,8 +3,9 @@
 Every `rl.checkpoint_every` steps (and after the last) `Checkpointer.save` writes:
 - a `model` artifact through the ArtifactStore: the policy's HF checkpoint; parents = the starting model's
   artifact id and the dataset id; manifest `extra` = the reward function's identity (import path + source
-  sha256, or the built-in verifier + sha256 of posttrain/data/verifiers.py), the policy version and step;
-  metrics = that step's metrics; policy rank 0 writes and stores it itself (`PolicyGroup.save_model`), so no local path crosses nodes;
+  sha256, or the built-in verifier + sha256 of posttrain/data/verifiers.py), the policy version, step and
+  every step's flat metrics so far (`history`, the curves of posttrain.report); metrics = that step's metrics;
+  policy rank 0 writes and stores it itself (`PolicyGroup.save_model`), so no local path crosses nodes;
 - training state, kept apart in `state_dir/step-NNNNNN/` - a local folder or an fsspec URL under the store's
   root (artifacts/state.py), so a task retried on another node resumes: the policy ranks'
   weights/optimizer/RNG/version (`PolicyGroup.save_state`, each rank writing its own files), `controller.json`
@@ -202,7 +203,7 @@ class Checkpointer:
         model_id = policy.save_model(ModelPut(
             store_root=str(self.store.root), name=f"{self.name}-step{step}", run_id=self.run_id, parents=self.parents,
             config=self.config, metrics=history[-1] if history else {},
-            extra={**self.extra, "policy_version": policy_version, "step": step},
+            extra={**self.extra, "policy_version": policy_version, "step": step, "history": history},
             provenance={"parents": self.parents, "step": step, "policy_version": policy_version}))
         policy.save_state(self.state.url(name, "policy"))
         state = {"step": step, "policy_version": policy_version, "model_id": model_id, "history": history,

@@ -160,6 +160,10 @@ def _check_world(cfg: SFTConfig, info: DistInfo) -> None:
                          f"sft.micro_batch_size * world_size = {cfg.micro_batch_size * info.world_size}")
 
 
+HISTORY_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
+"""The per-step numbers `run_sft` keeps in its history (stages.sft stores it in the model manifest's extra)."""
+
+
 def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: TrackingConfig, dataset_dir, tokenizer_dir,
             base_model_dir, out_dir, state_dir, run_name: str = "sft") -> dict:
     # Ranks forked by Elastic inherit the parent's torch thread pool, and torch reads OMP_NUM_THREADS only
@@ -180,7 +184,7 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     optimizer = make_optimizer(model, sft_cfg)
     shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
     state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
-    start, wandb_id = load_state(state, model, optimizer)
+    start, wandb_id, history = load_state(state, model, optimizer)
     tracker = Tracker(tracking_cfg, info.rank, run_name, state.work, total=sft_cfg.steps, start=start, wandb_id=wandb_id,
                       config={"model": model_cfg, "sft": sft_cfg})
     autocast = info.device.type == "cuda" and model_cfg.dtype.value == "bf16"
@@ -196,13 +200,14 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
         metrics["tokens_per_s"] = metrics["tokens"] / (time.perf_counter() - t0)
         tracker.log(step, metrics)
         done = step + 1
+        history.append({"step": done, **{k: metrics[k] for k in HISTORY_KEYS}})
         if (sft_cfg.save_every and done % sft_cfg.save_every == 0) or done == sft_cfg.steps:
-            save_state(state, model, optimizer, done, tracker.wandb_id, info)
+            save_state(state, model, optimizer, done, tracker.wandb_id, info, history)
     tracker.close()
     save_final(model, model_cfg, tokenizer, base_model_dir, out_dir, info)
     return {**{k: v for k, v in metrics.items()}, "steps": sft_cfg.steps, "world_size": info.world_size,
             "train_examples": len(encoded), "dropped_too_long": dropped,
-            "wall_s": time.perf_counter() - t_start}
+            "wall_s": time.perf_counter() - t_start, "history": history}
 
 
 def encode_train_split(dataset_dir, tokenizer, max_len: int) -> tuple[list, int]:
@@ -237,7 +242,8 @@ def save_final(model, model_cfg: ModelConfig, tokenizer, base_model_dir, out_dir
     dist.barrier()
 
 
-def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | None, info: DistInfo) -> None:
+def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | None, info: DistInfo,
+               history: list[dict]) -> None:
     """Every rank writes its part into step-N (torch.distributed.checkpoint: a path, or fsspec for a URL), then
     rank 0 commits it by writing step-N/meta.json last and drops older folders. A folder without meta.json
     (a kill while saving) is never loaded, and is cleared when that step is saved again."""
@@ -251,20 +257,21 @@ def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | Non
     dist.barrier()
     if info.rank == 0:
         state.write_text(f"{name}/meta.json", json.dumps({"step": step, "wandb_id": wandb_id,
-                                                          "world_size": info.world_size}))
+                                                          "world_size": info.world_size, "history": history}))
         for old in state.names("step-"):
             if old != name:
                 state.remove(old)
     dist.barrier()
 
 
-def load_state(state: StateDir, model, optimizer) -> tuple[int, str | None]:
-    """Restore the newest committed state; returns (step to start from, wandb run id). When it resumes, rank 0
+def load_state(state: StateDir, model, optimizer) -> tuple[int, str | None, list[dict]]:
+    """Restore the newest committed state; returns (step to start from, wandb run id, per-step history so far:
+    empty for state saved before histories were kept). When it resumes, rank 0
     prints `sft: resuming at step N of saved state <folder>` (N: the first step run now, as the metric lines
     number it; steps before it are not redone)."""
     done = [n for n in state.names("step-") if state.exists(f"{n}/meta.json")]
     if not done:
-        return 0, None
+        return 0, None, []
     last = done[-1]
     meta = json.loads(state.read_text(f"{last}/meta.json"))
     if meta["world_size"] != dist.get_world_size():
@@ -279,4 +286,4 @@ def load_state(state: StateDir, model, optimizer) -> tuple[int, str | None]:
         torch.set_rng_state(read_file(state.url(rng), lambda p: torch.load(p, weights_only=True))["cpu_rng"])
     if dist.get_rank() == 0:
         print(f"sft: resuming at step {meta['step']} of saved state {state.url(last)}", flush=True)
-    return meta["step"], meta.get("wandb_id")
+    return meta["step"], meta.get("wandb_id"), meta.get("history", [])

@@ -1,0 +1,32 @@
+"""Readable reports of pipeline artifacts: HTML pages with inline SVG charts (no JavaScript, nothing fetched),
+shown as Flyte Decks by the tasks and available without Flyte through `render_page`."""
+
+from __future__ import annotations
+
+import json
+
+from posttrain.artifacts import ArtifactStore
+
+
+def render_page(store: ArtifactStore, artifact_id: str, *, standalone: bool = True) -> str:
+    """The HTML page of one artifact (an id or a unique prefix), chosen by its kind and, for a model, the stage
+    that made it: dataset, SFT model, RL model (its manifest has a policy version), eval or promotion decision;
+    other artifacts (a tokenizer, a base model) get their manifest's summary. `standalone`: a complete document (to save as a
+    file); else the fragment a Flyte Deck takes."""
+    from posttrain.report import pages
+    from posttrain.report.html import document
+
+    m = store.manifest(artifact_id)
+    if m.kind == "decision":
+        fragment = pages.promotion_page(json.loads((store.get(m.id) / "decision.json").read_text()))
+    elif m.kind == "dataset":
+        fragment = pages.dataset_page(store, m.id)
+    elif m.kind == "eval":
+        fragment = pages.eval_page(store, m.id)
+    elif m.kind == "model" and "policy_version" in m.extra:
+        fragment = pages.rl_page(store, m.id)
+    elif m.kind == "model" and m.extra.get("stage") == "sft":
+        fragment = pages.sft_page(store, m.id)
+    else:
+        fragment = pages.artifact_page(m)
+    return document(fragment, f"{m.kind} {m.name}") if standalone else fragment

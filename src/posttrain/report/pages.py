@@ -1,0 +1,228 @@
+"""One HTML page per pipeline stage, built from what the stage stored: the artifact's manifest (metrics and,
+for training runs, the per-step `history` in `extra`) and its files. The Flyte tasks show them as Decks;
+`render_page` (posttrain.report) gives the same text without Flyte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posttrain.artifacts import ArtifactStore
+from posttrain.artifacts.manifest import Manifest
+from posttrain.data.examples import completion_text, prompt_messages, read_examples
+from posttrain.eval.report import EvalReport
+from posttrain.report import charts
+from posttrain.report.html import key_values, note, page, section, table
+from posttrain.report.stats import wilson
+
+
+def _about(m: Manifest) -> str:
+    """The artifact's identity and origin, as the first section of every page."""
+    return section("artifact", "Artifact", key_values({
+        "id": m.id, "kind": m.kind, "name": m.name, "run": m.run_id, "created": m.created,
+        "parents": ", ".join(p[:12] for p in m.parents) or None}))
+
+
+def _curves(history: list[dict], keys: tuple[str, ...]) -> dict[str, list[float]]:
+    """{key: its value at every step} for the keys the history holds."""
+    return {k: [h.get(k) for h in history] for k in keys if any(k in h for h in history)}
+
+
+def _no_history(stage: str) -> str:
+    return section("history", "Per-step history", note(
+        f"This {stage} model's manifest holds no per-step history (it was stored before histories were kept)."))
+
+
+def _rows_section(m: Manifest) -> str:
+    """Rows per source file and where they went (data prep's row report in the manifest's extra)."""
+    per_file = m.extra.get("rows_per_file", [])
+    explain = note("A dataset is stored only when every row is valid (data prep refuses the whole input otherwise), "
+                   "so the rows left out of a stored dataset are exact duplicates and rows whose prompt is a "
+                   "held-out eval problem.")
+    if not per_file:
+        return section("rows", "Rows", explain, key_values(m.metrics),
+                       note("No per-file counts in this manifest (stored before they were kept)."))
+    outcome = {k: [r[k] for r in per_file] for k in ("train", "eval", "duplicates", "eval_prompt")}
+    return section("rows", "Rows per source file", explain, charts.bar_chart(
+        "rows", "Rows per file", [Path(r["file"]).name for r in per_file], outcome, ylabel="rows", stacked=True),
+        table(("file", "rows", "train", "eval", "duplicates", "same prompt as eval"),
+              [[r["file"], r["rows"], r["train"], r["eval"], r["duplicates"], r["eval_prompt"]] for r in per_file]))
+
+
+def _dropped_section(m: Manifest) -> str:
+    """The sample of left-out rows data prep kept, with the reason for each."""
+    dropped = m.extra.get("dropped_sample", [])
+    return section("dropped", "Left-out rows (sample)",
+                   table(("where", "reason", "prompt"), [[d["where"], d["reason"], d["prompt"]] for d in dropped],
+                         text_columns=(2,)) if dropped else note("No row was left out (or none were recorded)."))
+
+
+def _lengths_section(folder: Path) -> str:
+    """Prompt and completion length histograms of both splits, in characters."""
+    prompts, completions = {}, {}
+    for split in ("train", "eval"):
+        examples = read_examples(folder, split)
+        prompts[split] = [sum(len(t["content"]) for t in prompt_messages(ex)) for ex in examples]
+        completions[split] = [len(c) for ex in examples if (c := completion_text(ex)) is not None]
+    return section("lengths", "Lengths (characters)", note(
+        "Characters, not tokens: a dataset is made before any model's tokenizer is chosen. Prompt: every turn "
+        "before the final assistant turn; completion: that turn (rows without one are left out)."),
+        charts.histogram("prompt-length", "Prompt length", prompts, xlabel="characters"),
+        charts.histogram("completion-length", "Completion length", {k: v for k, v in completions.items() if v},
+                         xlabel="characters") if any(completions.values()) else note("No row has a completion."))
+
+
+def dataset_page(store: ArtifactStore, id_: str) -> str:
+    """Rows kept and left out per source file, a sample of left-out rows with the reason, and prompt and
+    completion length histograms (in characters: data prep runs before any tokenizer exists)."""
+    m = store.manifest(id_)
+    return page(f"Dataset {m.name}", [_about(m), _rows_section(m), _dropped_section(m),
+                                      _lengths_section(store.get(id_))])
+
+
+def sft_page(store: ArtifactStore, id_: str) -> str:
+    """Loss, learning rate, gradient norm and tokens/s per step, with the run's wall time and final numbers."""
+    m = store.manifest(id_)
+    history = m.extra.get("history", [])
+    summary = section("summary", "Summary", key_values({
+        "wall time (s)": m.metrics.get("wall_s"), "steps": m.metrics.get("steps"),
+        "ranks": m.metrics.get("world_size"), "train examples": m.metrics.get("train_examples"),
+        "dropped (too long)": m.metrics.get("dropped_too_long"), "final loss": m.metrics.get("loss"),
+        "start model": (m.extra.get("start_model") or "from scratch")[:12]}))
+    if not history:
+        return page(f"SFT {m.name}", [_about(m), summary, _no_history("SFT")])
+    steps = [h["step"] for h in history]
+    curves = section("curves", "Per-step curves", *[
+        charts.line_chart(key.replace("_", "-"), title, steps, _curves(history, (key,)), logy=key == "loss")
+        for key, title in (("loss", "Loss (mean over assistant tokens)"), ("lr", "Learning rate"),
+                           ("grad_norm", "Gradient norm (before clipping)"), ("tokens_per_s", "Tokens/s"))])
+    return page(f"SFT {m.name}", [_about(m), summary, curves])
+
+
+_RL_CURVES = (
+    ("reward", "Reward and accuracy", ("reward_mean", "reward_std", "accuracy")),
+    ("kl", "KL to the reference", ("kl",)),
+    ("entropy", "Entropy", ("entropy",)),
+    ("response-length", "Response length (tokens)", ("response_len_mean",)),
+    ("clip-fraction", "Clip fraction", ("clip_fraction",)),
+    ("drift", "Drift |rollout - policy logprob|", ("drift",)),
+    ("policy-version", "Policy version", ("policy_version",)),
+    ("reward-failures", "Failed reward calls", ("reward_failures",)),
+)
+"""(chart name, title, StepMetrics.flat() keys) of the RL page's line charts."""
+
+
+_PHASE_ORDER = ("rollout", "reward", "reference", "advantages", "update", "sync")
+"""The order a step runs its phases in (the manifest's JSON keeps keys sorted, not in this order)."""
+
+
+def _phase_times(history: list[dict]) -> dict[str, list[float]]:
+    """Seconds per phase at every step (the `time/<phase>_s` keys) in the order they run, plus `other`: the rest
+    of the step's wall time."""
+    found = {k[len("time/"):-len("_s")] for h in history for k in h if k.startswith("time/")}
+    order = [p for p in _PHASE_ORDER if p in found] + sorted(found - set(_PHASE_ORDER))
+    phases = [f"time/{p}_s" for p in order]
+    out = {p: [h.get(k, 0.0) for h in history] for p, k in zip(order, phases)}
+    out["other"] = [max(h["step_s"] - sum(h.get(k, 0.0) for k in phases), 0.0) for h in history]
+    return out
+
+
+def rl_page(store: ArtifactStore, id_: str) -> str:
+    """Reward, accuracy, KL, entropy, response length, clip fraction, drift and policy version per step, the
+    step's seconds per phase stacked, and failed reward calls."""
+    m = store.manifest(id_)
+    history = m.extra.get("history", [])
+    summary = section("summary", "Summary", key_values({
+        "steps": m.extra.get("step"), "policy version": m.extra.get("policy_version"),
+        "algorithm": m.extra.get("algorithm"), "start model": (m.extra.get("start_model") or "")[:12] or None,
+        "total step time (s)": sum(h["step_s"] for h in history) if history else None,
+        "failed reward calls": sum(h.get("reward_failures", 0) for h in history) if history else None}),
+        note("Restarts after a lost worker are not recorded in the manifest; a restarted run resumes from its "
+             "last checkpoint, so every step appears once."))
+    if not history:
+        return page(f"RL {m.name}", [_about(m), summary, _no_history("RL")])
+    steps = [h["step"] for h in history]
+    curves = section("curves", "Per-step curves", *[
+        charts.line_chart(name, title, steps, _curves(history, keys)) for name, title, keys in _RL_CURVES])
+    timing = section("timing", "Time per step", charts.stacked_area(
+        "phases", "Seconds per phase (controller's view)", steps, _phase_times(history)),
+        charts.line_chart("overhead", "Orchestration overhead (share of the step no worker computed)", steps,
+                          _curves(history, ("orchestration_overhead",))))
+    return page(f"RL {m.name}", [_about(m), summary, curves, timing])
+
+
+def _rates(r: EvalReport) -> dict[str, tuple[float, tuple[float, float]]]:
+    """{metric: (value, Wilson 95% interval)} for the metrics the report measured, each over its problems."""
+    n = r.num_problems
+    values = {"greedy": r.greedy_accuracy, "sampled": r.sampled_accuracy, f"pass@{r.k}": r.pass_at_k}
+    return {k: (v, wilson(v * n, n)) for k, v in values.items() if v is not None}
+
+
+def _start_eval(store: ArtifactStore, ev: Manifest) -> Manifest | None:
+    """The newest eval of this eval's model's start model on the same dataset, if the store holds one."""
+    start = store.manifest(ev.config["model_id"]).extra.get("start_model") if ev.config.get("model_id") else None
+    found = [e for e in store.list(kind="eval") if start in e.parents
+             and e.config.get("dataset_id") == ev.config.get("dataset_id")] if start else []
+    return max(found, key=lambda e: e.created) if found else None
+
+
+def eval_page(store: ArtifactStore, id_: str) -> str:
+    """Greedy, sampled and pass@k accuracy with Wilson 95% intervals, the start model's eval beside them when
+    the store has one on the same dataset, and the per-problem sample table."""
+    m = store.manifest(id_)
+    r = EvalReport.from_json((store.get(id_) / "report.json").read_text())
+    rates = _rates(r)
+    start = _start_eval(store, m)
+    series, errors = {"this model": [v for v, _ in rates.values()]}, {"this model": [ci for _, ci in rates.values()]}
+    if start is not None:
+        sr = _rates(EvalReport.from_json((store.get(start.id) / "report.json").read_text()))
+        if sr.keys() == rates.keys():
+            series["start model"], errors["start model"] = [v for v, _ in sr.values()], [ci for _, ci in sr.values()]
+    scores = section("scores", "Accuracy", note(
+        f"95% Wilson score intervals over the {r.num_problems} problems (sampled accuracy: each problem's mean "
+        f"over k={r.k} samples counted as one observation, which is conservative). Scorer: {r.scorer}."),
+        charts.bar_chart("accuracy", "Accuracy (95% Wilson interval)", list(rates), series, errors=errors,
+                         ylabel="fraction correct"),
+        table(("metric", "value", "95% low", "95% high"), [[k, v, lo, hi] for k, (v, (lo, hi)) in rates.items()]),
+        key_values({"failed reward calls": f"{r.reward_failures}/{r.reward_calls}",
+                    "mean response tokens": r.mean_response_tokens, "seconds": r.seconds}))
+    parts = [_about(m), scores]
+    if start is not None:
+        rows = [[k, start.metrics.get(key), m.metrics.get(key),
+                 None if start.metrics.get(key) is None or m.metrics.get(key) is None
+                 else f"{m.metrics[key] - start.metrics[key]:+.3f}"]
+                for k, key in (("greedy", "greedy_accuracy"), ("sampled", "sampled_accuracy"), ("pass@k", "pass_at_k"))]
+        parts.append(section("comparison", "Against the start model", note(
+            f"The start model's eval {start.id[:12]} on the same dataset."),
+            table(("metric", "start model", "this model", "change"), rows)))
+    parts.append(section("samples", "Samples", table(
+        ("prompt", "completion (greedy)", "answer", "reward", "correct"),
+        [[s.get("prompt"), s.get("greedy"), s.get("answer"), s.get("score"), s.get("correct")] for s in r.samples],
+        text_columns=(0, 1))))
+    return page(f"Eval {m.name}", parts)
+
+
+def promotion_page(decision: dict) -> str:
+    """A promotion gate decision (the record posttrain.promotion stores: channel, model_id, eval_id,
+    greedy_accuracy, min_accuracy, holder, promoted, reason; with guard sets also greedy_accuracies per set,
+    eval_dataset_ids and tolerance): the verdict, and the candidate's greedy accuracy on each set against the
+    bar and the current holder's."""
+    holder = decision.get("holder")
+    cand = decision.get("greedy_accuracies") or [decision["greedy_accuracy"]]
+    sets = ["pinned set"] + [f"guard set {i}" for i in range(1, len(cand))]
+    series = {"candidate": cand}
+    if holder:
+        series["current holder"] = holder.get("greedy_accuracies") or [holder["greedy_accuracy"]]
+    verdict = '<p class="ok">promoted</p>' if decision["promoted"] else '<p class="bad">not promoted</p>'
+    body = section("decision", f"Channel {decision['channel']}", verdict, note(decision["reason"]),
+                   charts.bar_chart("promotion", "Greedy accuracy per eval set", sets, series, ylabel="fraction correct",
+                                    hline=("min accuracy", decision["min_accuracy"])),
+                   key_values({"model": decision["model_id"], "eval": decision["eval_id"],
+                               "min accuracy": decision["min_accuracy"], "tolerance": decision.get("tolerance"),
+                               "holder model": holder["model_id"] if holder else None, "time": decision.get("time")}))
+    return page(f"Promotion to {decision['channel']}", [body])
+
+
+def artifact_page(m: Manifest) -> str:
+    """Any other artifact (a tokenizer, a base model): its identity, metrics and extra fields."""
+    return page(f"{m.kind.capitalize()} {m.name}", [_about(m), section("metrics", "Metrics", key_values(m.metrics)),
+                                                    section("extra", "Extra", key_values(m.extra))])

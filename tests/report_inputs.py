@@ -1,0 +1,79 @@
+"""Small real inputs for the report pages: a store holding a prepared dataset, an SFT model, an RL model
+and two evals (the RL model's and its start model's, on the same dataset), each manifest as the stages write
+it; and a promotion decision record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posttrain import stages
+from posttrain.artifacts import ArtifactStore
+from posttrain.config import DataConfig, TokenizerConfig
+from posttrain.eval.report import EvalReport
+from posttrain.rl.metrics import StepMetrics
+from tests.files import write_folder
+
+PHASES = {"rollout": 0.5, "reward": 0.1, "reference": 0.05, "advantages": 0.01, "update": 0.3, "sync": 0.04}
+
+
+def rl_history(steps: int = 6) -> list[dict]:
+    """StepMetrics.flat() of `steps` made-up but well-formed steps, as the RL checkpoints store them."""
+    return [StepMetrics(step=s, policy_version=s, reward_mean=0.2 + 0.1 * s, reward_std=0.3, accuracy=0.1 * s,
+                        reward_failures=int(s == 3), num_samples=16, reward_failure_example="", kl=0.01 * s,
+                        entropy=1.5 - 0.1 * s, clip_fraction=0.02, loss=0.5 / s, grad_norm=1.0, response_len_mean=9.0 + s,
+                        drift=1e-6 * s, generated_tokens=150, generated_tokens_per_s=300.0, phase_s=dict(PHASES),
+                        compute_s={"rollout": 0.45, "reward": 0.08, "update": 0.28}, step_s=1.2,
+                        orchestration_overhead=0.3).flat() for s in range(1, steps + 1)]
+
+
+def sft_history(steps: int = 8) -> list[dict]:
+    """Per-step SFT numbers as run_sft keeps them."""
+    return [{"step": s, "loss": 3.0 / s, "lr": 1e-3 * min(1.0, s / 3), "grad_norm": 2.0 / s, "tokens_per_s": 900.0 + s}
+            for s in range(1, steps + 1)]
+
+
+def eval_report(greedy: float, samples: int = 4) -> EvalReport:
+    """A report of `samples` problems; the first prompt holds markup, to check that it is escaped."""
+    return EvalReport(
+        greedy_accuracy=greedy, sampled_accuracy=greedy / 2, pass_at_k=min(1.0, greedy * 1.5), num_problems=samples,
+        k=4, temperature=1.0, max_new_tokens=8, seed=0, scorer="verifier:addition", reward_calls=samples * 5,
+        reward_failures=1, reward_failure_examples=["ValueError: bad"], mean_response_tokens=5.0, seconds=1.5,
+        generated_tokens_per_s=40.0,
+        samples=[{"prompt": "<b>1+1=</b>" if i == 0 else f"{i}+{i}=", "greedy": f"{2 * i}", "answer": f"{2 * i}",
+                  "score": 1.0, "correct": True, "failure": None} for i in range(samples)])
+
+
+def _put_eval(store: ArtifactStore, tmp: Path, name: str, model_id: str, dataset_id: str, report: EvalReport) -> str:
+    report.write(tmp / name)
+    return store.put("eval", name, tmp / name, run_id="r", parents=[model_id, dataset_id],
+                     config={"dataset_id": dataset_id, "model_id": model_id},
+                     metrics={"greedy_accuracy": report.greedy_accuracy, "sampled_accuracy": report.sampled_accuracy,
+                              "pass_at_k": report.pass_at_k, "num_problems": report.num_problems}).id
+
+
+def build_store(tmp: Path) -> tuple[ArtifactStore, dict[str, str]]:
+    """(store, {"dataset", "sft", "rl", "sft_eval", "rl_eval": artifact id})."""
+    store = ArtifactStore(str(tmp / "store"))
+    data = DataConfig(num_examples=200, eval_size=20, num_digits=1, tokenizer=TokenizerConfig(train=False))
+    ds = stages.data_prep(data, require_completions=True, run_id="r", store=store).dataset
+    sft = store.put("model", "sft-x", write_folder(tmp, "sft", {"w.txt": "sft"}), run_id="r", parents=[ds.id],
+                    config={}, metrics={"loss": 0.4, "steps": 8, "world_size": 2, "wall_s": 12.5},
+                    extra={"stage": "sft", "start_model": None, "history": sft_history()})
+    history = rl_history()
+    rl = store.put("model", "rl-step6", write_folder(tmp, "rl", {"w.txt": "rl"}), run_id="r", parents=[sft.id, ds.id],
+                   config={}, metrics=history[-1], extra={"start_model": sft.id, "algorithm": "grpo",
+                                                          "policy_version": 6, "step": 6, "history": history})
+    ids = {"dataset": ds.id, "sft": sft.id, "rl": rl.id}
+    ids["sft_eval"] = _put_eval(store, tmp, "eval-sft", sft.id, ds.id, eval_report(0.25))
+    ids["rl_eval"] = _put_eval(store, tmp, "eval-rl", rl.id, ds.id, eval_report(0.75))
+    return store, ids
+
+
+def decision(promoted: bool = True) -> dict:
+    """A promotion decision record as posttrain.promotion stores it (a pinned set and one guard set)."""
+    return {"time": "2026-01-01T00:00:00.000+00:00", "channel": "production", "model_id": "a" * 64,
+            "eval_id": "b" * 64, "greedy_accuracy": 0.75, "greedy_accuracies": [0.75, 0.6], "min_accuracy": 0.5,
+            "tolerance": 0.02, "eval_dataset_ids": ["d" * 64, "e" * 64], "eval_ids": ["b" * 64, "f" * 64],
+            "holder": {"model_id": "c" * 64, "eval_ids": ["1" * 64, "2" * 64], "greedy_accuracy": 0.6,
+                       "greedy_accuracies": [0.6, 0.61]},
+            "promoted": promoted, "reason": "greedy accuracy 0.750 >= 0.500 and not below the holder's on any set"}

@@ -1,0 +1,122 @@
+"""The report pages (posttrain.report): each builder's sections and charts, from real manifests; the data prep
+row report; and a Deck made by a task in a local flytekit execution."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from posttrain.report import pages, render_page
+from posttrain.report.stats import wilson
+from tests.report_inputs import build_store, decision
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("report"))
+
+
+def _series(html: str, chart: str) -> set[str]:
+    """The series ids drawn in one chart of a page."""
+    return set(re.findall(rf'id="{chart}--series-([a-z0-9-]+)"', html))
+
+
+def test_wilson_interval_stays_in_bounds_and_matches_known_values():
+    lo, hi = wilson(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    lo, hi = wilson(5, 10)
+    assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_dataset_page_counts_rows_per_file_and_samples_left_out_rows(made):
+    store, ids = made
+    m = store.manifest(ids["dataset"])
+    (per_file,) = m.extra["rows_per_file"]
+    assert per_file["file"] == "task:addition" and per_file["rows"] == 200
+    assert per_file["train"] + per_file["eval"] + per_file["duplicates"] + per_file["eval_prompt"] == 200
+    assert per_file["train"] == m.metrics["num_train"] and per_file["duplicates"] == m.metrics["num_duplicates"]
+    assert 0 < len(m.extra["dropped_sample"]) <= 5
+    folder = store.get(ids["dataset"])  # the row report stays out of the dataset's files (and so its id)
+    assert "rows_per_file" not in json.loads((folder / "info.json").read_text())
+    assert "_source" not in (folder / "train.jsonl").read_text()
+    html = pages.dataset_page(store, ids["dataset"])
+    for sec in ("artifact", "rows", "dropped", "lengths"):
+        assert f'id="section-{sec}"' in html
+    assert _series(html, "rows") >= {"train", "eval", "duplicates"}
+    assert _series(html, "prompt-length") == {"train", "eval"} and "characters" in html.lower()
+
+
+def test_sft_page_draws_each_curve_and_the_wall_time(made):
+    store, ids = made
+    html = pages.sft_page(store, ids["sft"])
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
+        assert _series(html, key.replace("_", "-")) == {key.replace("_", "-")}
+    assert "wall time" in html and "12.5" in html
+
+
+def test_rl_page_draws_curves_and_stacked_phase_times(made):
+    store, ids = made
+    html = pages.rl_page(store, ids["rl"])
+    assert _series(html, "reward") == {"reward-mean", "reward-std", "accuracy"}
+    for chart in ("kl", "entropy", "response-length", "clip-fraction", "drift", "policy-version", "reward-failures"):
+        assert _series(html, chart), chart
+    assert _series(html, "phases") == {"rollout", "reward", "reference", "advantages", "update", "sync", "other"}
+    assert 'id="section-timing"' in html
+
+
+def test_eval_page_shows_intervals_samples_escaped_and_the_start_models_eval(made):
+    store, ids = made
+    html = pages.eval_page(store, ids["rl_eval"])
+    assert _series(html, "accuracy") == {"this-model", "this-model-ci", "start-model", "start-model-ci"}
+    assert 'id="section-comparison"' in html and "Wilson" in html
+    assert "&lt;b&gt;1+1=&lt;/b&gt;" in html and "<b>1+1=" not in html
+    alone = pages.eval_page(store, ids["sft_eval"])  # the SFT model was trained from scratch: nothing to compare
+    assert 'id="section-comparison"' not in alone and 'id="section-samples"' in alone
+
+
+@pytest.mark.parametrize("promoted", [True, False])
+def test_promotion_page_shows_the_verdict_against_the_bar_and_the_holder(promoted):
+    html = pages.promotion_page(decision(promoted))
+    assert ("promoted" if promoted else "not promoted") in html
+    assert _series(html, "promotion") == {"candidate", "current-holder", "min-accuracy"}
+    assert "guard set 1" in html
+
+
+def test_render_page_shows_a_stored_decision(tmp_path):
+    from posttrain.artifacts import ArtifactStore
+    from tests.files import write_folder
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    ref = store.put("decision", "production-promoted", write_folder(tmp_path, "d", {
+        "decision.json": json.dumps(decision())}), run_id="r", parents=[], config={})
+    html = render_page(store, ref.id)
+    assert html.startswith("<!DOCTYPE html>") and _series(html, "promotion") >= {"candidate", "min-accuracy"}
+
+
+def test_render_page_picks_the_page_by_kind_and_stage(made):
+    store, ids = made
+    titles = {k: re.search(r"<h1>(\w+)", render_page(store, i)).group(1) for k, i in ids.items()}
+    assert titles == {"dataset": "Dataset", "sft": "SFT", "rl": "RL", "sft_eval": "Eval", "rl_eval": "Eval"}
+
+
+def test_data_prep_task_makes_a_deck_in_local_execution(tmp_path, monkeypatch):
+    import flytekit.deck.deck as deck_module
+
+    from posttrain.config import DataConfig, TokenizerConfig
+    from tasks.data import data_prep
+
+    monkeypatch.setenv("POSTTRAIN_HOME", str(tmp_path / "home"))
+    written = {}
+    real_output = deck_module._output_deck
+
+    def capture(task_name, params):  # what flytekit writes to deck.html after a local task
+        written[task_name] = {d.name: d.html for d in params.decks}
+        real_output(task_name, params)
+
+    monkeypatch.setattr(deck_module, "_output_deck", capture)
+    data_prep(cfg=DataConfig(num_examples=60, eval_size=10, num_digits=1, tokenizer=TokenizerConfig(train=False)),
+              require_completions=True, run_id="deck")
+    assert 'id="chart-prompt-length"' in written["data_prep"]["dataset"]
