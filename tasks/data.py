@@ -9,6 +9,7 @@ from flytekit import Deck, Resources, task
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import DataConfig
+from tasks.errors import stage_errors
 
 DataOut = NamedTuple("DataOut", [("dataset", ArtifactRef), ("tokenizer", Optional[ArtifactRef])])
 
@@ -21,6 +22,7 @@ def data_prep(cfg: DataConfig, require_completions: bool, run_id: str) -> DataOu
     from posttrain.artifacts import ArtifactStore
     from posttrain.report import render_page
 
-    out = stages.data_prep(cfg, require_completions=require_completions, run_id=run_id)
+    with stage_errors("data_prep"):
+        out = stages.data_prep(cfg, require_completions=require_completions, run_id=run_id)
     Deck("dataset", render_page(ArtifactStore(out.dataset.store), out.dataset.id, standalone=False))
     return DataOut(out.dataset, out.tokenizer)

@@ -10,6 +10,7 @@ from flytekit import Deck, Resources, task
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import EvalConfig, RewardConfig
+from tasks.errors import stage_errors
 
 
 class EvalOut(NamedTuple):
@@ -27,6 +28,7 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, model: ArtifactRef, dataset:
     from posttrain.artifacts import ArtifactStore
     from posttrain.report import render_page
 
-    out = stages.evaluate(cfg, reward, model=model, dataset=dataset, run_id=run_id)
+    with stage_errors("evaluate"):
+        out = stages.evaluate(cfg, reward, model=model, dataset=dataset, run_id=run_id)
     Deck("eval", render_page(ArtifactStore(out.report.store), out.report.id, standalone=False))
     return EvalOut(out.report, out.greedy_accuracy, out.sampled_accuracy, out.pass_at_k, out.reward_failures)

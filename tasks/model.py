@@ -13,6 +13,7 @@ from flytekit import Deck, Resources, task
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import ModelConfig
+from tasks.errors import stage_errors
 
 
 @task(container_image=cpu_image, requests=Resources(cpu="1", mem="2Gi"), enable_deck=True)
@@ -23,7 +24,8 @@ def start_model(model: ModelConfig, run_id: str) -> Optional[ArtifactRef]:
     from posttrain.artifacts import ArtifactStore
     from posttrain.report import render_page
 
-    ref = stages.start_model(model, run_id=run_id)
+    with stage_errors("start_model"):
+        ref = stages.start_model(model, run_id=run_id)
     if ref is not None:
         Deck("model", render_page(ArtifactStore(ref.store), ref.id, standalone=False))
     return ref
@@ -33,6 +35,8 @@ def start_model(model: ModelConfig, run_id: str) -> Optional[ArtifactRef]:
 def given_model(start: Optional[ArtifactRef]) -> ArtifactRef:
     """The start model, where a workflow needs one (evaluation alone, or RL with sft.enabled=false)."""
     if start is None:
-        raise ValueError("no model given: set model.base_path (a local HF folder) or model.artifact (an artifact "
+        from posttrain.config import ConfigError
+
+        raise ConfigError("no model given: set model.base_path (a local HF folder) or model.artifact (an artifact "
                          "id), e.g. --overrides '{\"model\": {\"base_path\": \"/models/my-model\"}}'")
     return start

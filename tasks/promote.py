@@ -12,6 +12,7 @@ from flytekit import Deck, task
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import EvalConfig, RewardConfig
+from tasks.errors import stage_errors
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,8 +48,9 @@ def promote(channel: str, model: ArtifactRef, dataset: ArtifactRef, eval: EvalCo
     from posttrain.report import render_page
 
     store = ArtifactStore()
-    d = judge(channel=channel, model=model, pin_to=dataset, eval_cfg=eval, reward=reward, min_accuracy=min_accuracy,
-              tolerance=tolerance, run_id=run_id, store=store)
+    with stage_errors("promote"):
+        d = judge(channel=channel, model=model, pin_to=dataset, eval_cfg=eval, reward=reward,
+                  min_accuracy=min_accuracy, tolerance=tolerance, run_id=run_id, store=store)
     Deck("promotion", render_page(store, d.decision_id, standalone=False))
     return Promotion(channel=channel, promoted=d.promoted, model_id=model.id, reason=d.reason,
                      decision_id=d.decision_id)

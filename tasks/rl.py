@@ -24,6 +24,7 @@ from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig, TrackingConfig
 from posttrain.rl.placement import group_resource_start_params
 from tasks import settings
+from tasks.errors import stage_errors
 
 ray_config = RayJobConfig(
     head_node_config=HeadNodeConfig(ray_start_params={"num-cpus": "1"},
@@ -54,8 +55,9 @@ def rl(rl: RLConfig, reward: RewardConfig, placement: PlacementConfig, model: Mo
     from posttrain.rl.run import RESTARTABLE
 
     try:
-        ref = stages.rl(rl, reward, placement, tracking, max_seq_len=model.max_seq_len, model_cfg=model,
-                        start_model=start_model, dataset=dataset, run_id=run_id)
+        with stage_errors("rl"):
+            ref = stages.rl(rl, reward, placement, tracking, max_seq_len=model.max_seq_len, model_cfg=model,
+                            start_model=start_model, dataset=dataset, run_id=run_id)
     except RESTARTABLE as e:  # lost workers or timeouts beyond rl.max_restarts: let Flyte retry the task
         raise FlyteRecoverableException(f"{type(e).__name__}: {e}") from e
     Deck("rl", render_page(ArtifactStore(ref.store), ref.id, standalone=False))

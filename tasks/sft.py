@@ -21,6 +21,7 @@ from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import ModelConfig, SFTConfig, TrackingConfig
 from tasks import settings
+from tasks.errors import stage_errors
 
 
 @task(
@@ -39,7 +40,8 @@ def sft(model: ModelConfig, sft: SFTConfig, tracking: TrackingConfig, dataset: A
     from posttrain.artifacts import ArtifactStore
     from posttrain.report import render_page
 
-    ref = stages.sft(model, sft, tracking, dataset=dataset, tokenizer=tokenizer, start=start_model, run_id=run_id)
+    with stage_errors("sft"):
+        ref = stages.sft(model, sft, tracking, dataset=dataset, tokenizer=tokenizer, start=start_model, run_id=run_id)
     if ref is not None:  # rank 0
         Deck("sft", render_page(ArtifactStore(ref.store), ref.id, standalone=False))
     return ref
