@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler.start()
         t0 = time.perf_counter()
         res = run_rl(rl_cfg=cfg.rl, reward_cfg=cfg.reward, model_cfg=cfg.model, placement_cfg=cfg.placement,
-                     max_seq_len=cfg.model.max_seq_len, tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=1),
+                     max_seq_len=cfg.model.max_seq_len, tracking_cfg=TrackingConfig(wandb=False, log_every=1),
                      start_model_dir=model_dir, dataset_dir=root / "dataset", store_root=str(store.root),
                      run_id="bench-memory", parents=[m.id, d.id], state_dir=root / "state", start_model_id=m.id)
         wall = time.perf_counter() - t0

@@ -51,7 +51,7 @@ def run_steps(recipe, rl_cfg, placement_cfg, model_dir: Path, dataset_dir: Path,
     t0 = time.perf_counter()
     res = run_rl(rl_cfg=replace(rl_cfg, checkpoint_every=0), reward_cfg=recipe.reward, model_cfg=model_cfg,
                  placement_cfg=placement_cfg, max_seq_len=recipe.model.max_seq_len,
-                 tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=10**6), start_model_dir=model_dir,
+                 tracking_cfg=TrackingConfig(wandb=False, log_every=10**6), start_model_dir=model_dir,
                  dataset_dir=dataset_dir, store_root=str(store.root), run_id=f"bench-{name}", parents=[m.id, d.id],
                  state_dir=root / f"state-{name}", start_model_id=m.id)
     return res.history[1:] or res.history, time.perf_counter() - t0

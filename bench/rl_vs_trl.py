@@ -47,7 +47,7 @@ def start_checkpoint(recipe, store):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={recipe.sft.nproc}",
                __file__, "--sft", str(store.root)]
         subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
-    ref = stages.sft(recipe.model, recipe.sft, TrackingConfig(wandb_mode="disabled"), dataset=d.dataset,
+    ref = stages.sft(recipe.model, recipe.sft, TrackingConfig(wandb=False), dataset=d.dataset,
                      tokenizer=d.tokenizer, run_id="bench-rl-trl", store=store)
     return ref, d.dataset
 
@@ -61,7 +61,7 @@ def _sft_rank(store_root: str) -> None:
 
     recipe, store = tiny_cpu(), ArtifactStore(store_root)
     d = stages.data_prep(recipe.data, require_completions=True, run_id="bench-rl-trl", store=store)
-    stages.sft(recipe.model, recipe.sft, TrackingConfig(wandb_mode="disabled"), dataset=d.dataset,
+    stages.sft(recipe.model, recipe.sft, TrackingConfig(wandb=False), dataset=d.dataset,
                tokenizer=d.tokenizer, run_id="bench-rl-trl", store=store)
 
 
@@ -82,7 +82,7 @@ def run_project(recipe, rl_cfg, store, model_ref, ds_ref) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-rl-trl-state-") as state:
         t0 = time.perf_counter()
         res = run_rl(rl_cfg=rl_cfg, reward_cfg=recipe.reward, model_cfg=recipe.model, placement_cfg=recipe.placement,
-                     max_seq_len=recipe.model.max_seq_len, tracking_cfg=TrackingConfig(wandb_mode="disabled",
+                     max_seq_len=recipe.model.max_seq_len, tracking_cfg=TrackingConfig(wandb=False,
                                                                                          log_every=25),
                      start_model_dir=store.get(model_ref), dataset_dir=store.get(ds_ref), store_root=str(store.root),
                      run_id=f"bench-project-{int(time.time())}", parents=[model_ref.id, ds_ref.id], state_dir=state,

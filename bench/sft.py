@@ -34,7 +34,7 @@ d, steps, pack, out = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", P
 import os
 c = tiny_cpu()
 sft = replace(c.sft, steps=steps, nproc=int(os.environ["WORLD_SIZE"]), packing=pack, save_every=0, warmup_steps=5)
-m = run_sft(model_cfg=c.model, sft_cfg=sft, tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=10**6),
+m = run_sft(model_cfg=c.model, sft_cfg=sft, tracking_cfg=TrackingConfig(wandb=False, log_every=10**6),
             dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=out / "model",
             state_dir=out / "state")
 if os.environ["RANK"] == "0":

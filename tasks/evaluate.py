@@ -9,7 +9,7 @@ from flytekit import Deck, Resources, task
 
 from images.specs import cpu_image
 from posttrain.artifacts.handles import ArtifactRef
-from posttrain.config import EvalConfig, RewardConfig
+from posttrain.config import EvalConfig, RewardConfig, TrackingConfig
 from tasks.errors import stage_errors
 
 
@@ -22,13 +22,15 @@ class EvalOut(NamedTuple):
 
 
 @task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"), enable_deck=True)
-def evaluate(cfg: EvalConfig, reward: RewardConfig, model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> EvalOut:
-    """Deck: the eval's page (intervals, samples, and the start model's eval beside it when there is one)."""
+def evaluate(cfg: EvalConfig, reward: RewardConfig, tracking: TrackingConfig, model: ArtifactRef, dataset: ArtifactRef,
+             run_id: str) -> EvalOut:
+    """Deck: the eval's page (intervals, samples, and the start model's eval beside it when there is one).
+    A new evaluation is also a wandb run (tracking.wandb) with a per-problem table."""
     from posttrain import stages
     from posttrain.artifacts import ArtifactStore
     from posttrain.report import render_page
 
     with stage_errors("evaluate"):
-        out = stages.evaluate(cfg, reward, model=model, dataset=dataset, run_id=run_id)
+        out = stages.evaluate(cfg, reward, model=model, dataset=dataset, run_id=run_id, tracking=tracking)
     Deck("eval", render_page(ArtifactStore(out.report.store), out.report.id, standalone=False))
     return EvalOut(out.report, out.greedy_accuracy, out.sampled_accuracy, out.pass_at_k, out.reward_failures)

@@ -69,5 +69,20 @@ def summarize(run_id: str, dataset: ArtifactRef, sft_model: ArtifactRef, sft_eva
         lines.append(f"  RL change   greedy {rm['greedy_accuracy'] - sm['greedy_accuracy']:+.3f}"
                      f"  sampled {_diff(r_sampled, s_sampled)}")
     lines.append(f"  lineage:    posttrain lineage {(rl_model or sft_model).id[:12]}")
+    lines.extend(_wandb_lines(str(store.root), run_id))
     print("\n".join(["=" * 78, *lines, "=" * 78]), flush=True)
     return s
+
+
+def _wandb_lines(store_root: str, run_id: str) -> list[str]:
+    """Where this run's offline wandb runs are and how to upload them (nothing when tracking.wandb is off)."""
+    from posttrain.wandb_run import offline_runs
+
+    runs = offline_runs(store_root, run_id)
+    if not runs:
+        return []
+    where = runs[0].rsplit("/", 1)[0]
+    sync = (f"wandb sync {where}/offline-run-*" if "://" not in where else
+            "copy them to a machine with wandb (e.g. fsspec/aws s3 cp --recursive), then wandb sync <folder>")
+    return [f"  wandb:      {len(runs)} offline runs (one per stage, group {run_id}) in {where}",
+            f"              upload: {sync}"]

@@ -53,7 +53,7 @@ prepare_dataset(data, out / "dataset")
 train_tokenizer(tokenizer_training_texts(out / "dataset"), data.tokenizer.vocab_size, out / "tokenizer")
 sft = SFTConfig(**{**{f: getattr(base.sft, f) for f in base.sft.__dataclass_fields__}, "nproc": 1, "steps": steps,
                    "save_every": 0})
-metrics = run_sft(model_cfg=base.model, sft_cfg=sft, tracking_cfg=TrackingConfig(wandb_mode="disabled"),
+metrics = run_sft(model_cfg=base.model, sft_cfg=sft, tracking_cfg=TrackingConfig(wandb=False),
                   dataset_dir=out / "dataset", tokenizer_dir=out / "tokenizer", base_model_dir=None,
                   out_dir=out / "model", state_dir=out / "state", run_name="fixture")
 (out / "done.json").write_text(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}))

@@ -331,5 +331,5 @@ class NullTracker:
     def log(self, m) -> None:
         self.logged.append(m)
 
-    def close(self) -> None:
+    def close(self, model_id: str | None = None, *, failed: bool = False) -> None:
         pass

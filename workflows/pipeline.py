@@ -44,7 +44,8 @@ def sft_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = ""
     s = start_model(model=p.model, run_id=p.run_id)
     m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
             start_model=s, run_id=p.run_id)
-    e = evaluate(cfg=p.eval, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id)
+    e = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset,
+                 run_id=p.run_id)
     return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e.report, rl_model=None,
                      rl_eval=None)
 
@@ -61,10 +62,12 @@ def pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") ->
          .then(sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
                    start_model=s, run_id=p.run_id))
          .else_().then(given_model(start=s)))
-    e1 = evaluate(cfg=p.eval, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id)
+    e1 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset,
+                  run_id=p.run_id)
     r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model, tracking=p.tracking, start_model=m,
            dataset=d.dataset, run_id=p.run_id)
-    e2 = evaluate(cfg=p.eval, reward=p.reward, model=r, dataset=d.dataset, run_id=p.run_id)
+    e2 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=r, dataset=d.dataset,
+                  run_id=p.run_id)
     return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e1.report, rl_model=r,
                      rl_eval=e2.report)
 
@@ -76,5 +79,6 @@ def eval_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "
     p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
     d = data_prep(cfg=p.data, require_completions=False, run_id=p.run_id)  # evaluation needs no completions
     m = given_model(start=start_model(model=p.model, run_id=p.run_id))
-    e = evaluate(cfg=p.eval, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id)
+    e = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset,
+                 run_id=p.run_id)
     return e.report

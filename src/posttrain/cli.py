@@ -89,7 +89,8 @@ def evaluate_model(*, recipe: str, overrides: str, model: str | None, run_id: st
     run_id = run_id or new_run_id()
     start = stages.start_model(cfg.model, run_id=run_id, store=store)
     data = stages.data_prep(cfg.data, require_completions=False, run_id=run_id, store=store)
-    out = stages.evaluate(cfg.eval, cfg.reward, model=start, dataset=data.dataset, run_id=run_id, store=store)
+    out = stages.evaluate(cfg.eval, cfg.reward, model=start, dataset=data.dataset, run_id=run_id, store=store,
+                          tracking=cfg.tracking)
     return {"run_id": run_id, "eval_id": out.report.id, "model_id": start.id, "dataset_id": data.dataset.id,
             "store": store.root, "metrics": store.manifest(out.report.id).metrics}
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from posttrain.config import (
     TrackingConfig,
     to_dict,
 )
+from posttrain.wandb_run import WandbRun
 
 _SRC = Path(__file__).resolve().parent
 
@@ -184,19 +187,25 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
     state = StateDir.under_store(store.root, "sft", key)  # stable across retries and nodes: a killed run resumes
     if rank == 0:
         print(f"sft: state in {state}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="posttrain-sft-") as tmp:
+    parents = [dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
+    wandb_run = WandbRun.for_stage(
+        tracking, stage="sft", run_id=run_id, store=store, settings={"model": model, "sft": sft_cfg},
+        inputs={"dataset": dataset.id, "tokenizer": tokenizer.id if tokenizer else None,
+                "start_model": start.id if start else None}) if rank == 0 else None
+    with _finished_on_error(wandb_run), tempfile.TemporaryDirectory(prefix="posttrain-sft-") as tmp:
         out_dir = Path(tmp) / "model"
         metrics = run_sft(model_cfg=model, sft_cfg=sft_cfg, tracking_cfg=tracking, dataset_dir=ds_dir,
                           tokenizer_dir=tok_dir, base_model_dir=base_dir, out_dir=out_dir,
-                          state_dir=state, run_name=f"sft-{run_id}")
+                          state_dir=state, run_name=f"sft-{run_id}", wandb_run=wandb_run)
         history = metrics.pop("history")  # per-step numbers: the manifest's extra, which the id does not cover
         if rank != 0:
             return None
-        parents = [dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
         ref = store.put("model", f"sft-{dataset.name}", out_dir, run_id=run_id, parents=parents,
                         config={"model": to_dict(model), "sft": to_dict(sft_cfg)}, metrics=metrics,
                         extra={"start_model": start.id if start else None, "stage": "sft", "history": history},
                         world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        if wandb_run is not None:
+            wandb_run.finish(outputs={"model": ref.id})
     store.cache_put(key, ref)
     if not sft_cfg.keep_state:  # only after the model is stored: a failed run keeps its state and resumes
         _drop_state(state)
@@ -217,9 +226,10 @@ class EvalOutputs:
 
 
 def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,
-             store: ArtifactStore | None = None) -> EvalOutputs:
+             store: ArtifactStore | None = None, tracking: TrackingConfig | None = None) -> EvalOutputs:
     """Score the model on the dataset's held-out split and store an `eval` artifact (parent: the model).
-    The manifest's metrics hold sampled_accuracy and pass_at_k only when eval.k > 0."""
+    The manifest's metrics hold sampled_accuracy and pass_at_k only when eval.k > 0. With `tracking` (and
+    tracking.wandb), a new evaluation is also a wandb run with its numbers and a per-problem table."""
     from posttrain.eval import evaluate as run_eval
 
     store = store or ArtifactStore()
@@ -238,6 +248,9 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
                             config={**to_dict(cfg), "reward": to_dict(reward), "dataset_id": dataset.id,
                                     "model_id": model.id}, metrics=metrics)
         store.cache_put(key, ref)
+        if tracking is not None:
+            _eval_to_wandb(tracking, report, metrics, ref=ref, model=model, dataset=dataset, run_id=run_id,
+                           store=store, settings={"eval": cfg, "reward": reward})
     m = store.manifest(ref.id).metrics
     sampled, pass_k = m.get("sampled_accuracy"), m.get("pass_at_k")
     failures = m.get("reward_failures", 0)
@@ -281,16 +294,45 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
                   setting="rl.max_new_tokens")
     state = StateDir.under_store(store.root, "rl", key)
     print(f"rl: state in {state}", flush=True)
+    wandb_run = WandbRun.for_stage(tracking, stage="rl", run_id=run_id, store=store,
+                                   inputs={"start_model": start_model.id, "dataset": dataset.id},
+                                   settings={"rl": rl_cfg, "reward": reward, "placement": placement,
+                                             "max_seq_len": max_seq_len, "model": model_cfg})
     result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, model_cfg=model_cfg, placement_cfg=placement,
                     max_seq_len=max_seq_len,
                     tracking_cfg=tracking, start_model_dir=start_dir, dataset_dir=ds_dir, store_root=str(store.root),
                     run_id=run_id, parents=[start_model.id, dataset.id], state_dir=state.location,
-                    start_model_id=start_model.id)
+                    start_model_id=start_model.id, wandb_run=wandb_run)
     store.cache_put(key, result.model)
     if not rl_cfg.keep_state:  # only after the final model is stored: a failed run keeps its state and resumes
         _drop_state(state)
     print(f"rl: model {result.model.short} after {result.steps} updates")
     return result.model
+
+
+def _eval_to_wandb(tracking: TrackingConfig, report, metrics: dict, *, ref: ArtifactRef, model: ArtifactRef,
+                   dataset: ArtifactRef, run_id: str, store: ArtifactStore, settings: dict) -> None:
+    """One wandb run for one evaluation: its numbers as the summary, every problem as a table row."""
+    run = WandbRun.for_stage(tracking, stage="eval", run_id=run_id, store=store, settings=settings,
+                             inputs={"model": model.id, "dataset": dataset.id}, name=f"eval-{model.name}-{run_id}")
+    if run is None:
+        return
+    run.start()
+    with _finished_on_error(run):
+        columns = ["prompt", "answer", "greedy", "score", "correct", "failure", "sampled_correct"]
+        run.log_table("eval/problems", columns, [[p.get(c) for c in columns] for p in report.problems])
+        run.finish(outputs={"eval": ref.id}, summary={k: v for k, v in metrics.items() if v is not None})
+
+
+@contextmanager
+def _finished_on_error(run: WandbRun | None) -> Iterator[None]:
+    """Close a stage's wandb run as failed when the stage raises (a finished run is left alone)."""
+    try:
+        yield
+    except BaseException:
+        if run is not None:
+            run.finish(failed=True)
+        raise
 
 
 def _without_keep_state(cfg: SFTConfig | RLConfig) -> dict:
@@ -312,7 +354,7 @@ def _check_budget(dataset_dir: Path, tokenizer_dir: Path, *, max_seq_len: int, m
 
 
 def _drop_state(state: StateDir) -> None:
-    """Delete a finished stage's resumable state (checkpoints, optimizer, step log), keeping its offline
-    tracking logs (`wandb/`): once the final model is stored, the state only costs disk."""
+    """Delete a finished stage's resumable state (checkpoints, optimizer, step log): once the final model is
+    stored, the state only costs disk."""
     state.drop()
     print(f"state: deleted {state} (set sft.keep_state / rl.keep_state to keep it)")

@@ -1,23 +1,22 @@
 """Step metrics to the console (a tqdm bar when interactive, otherwise lines paced by posttrain.progress with
-rate and ETA) and to wandb.
+rate and ETA) and to the stage's wandb run (posttrain.wandb_run), if it has one.
 
-Only rank 0 reports. wandb runs in `tracking.wandb_mode` ("offline" by default, files under the state
-folder; "disabled" creates nothing) and resumes the same run id after a restart.
+Only rank 0 reports. The wandb run is started here (continuing `wandb_id` after a restart) but finished by the
+stage that owns it, once the output artifact is stored.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from pathlib import Path
 
-from posttrain.config import TrackingConfig, to_dict
+from posttrain.config import TrackingConfig
 from posttrain.progress import Progress
+from posttrain.wandb_run import WandbRun
 
 
 class Tracker:
-    def __init__(self, cfg: TrackingConfig, rank: int, name: str, state_dir: Path, *, total: int, start: int = 0,
-                 wandb_id: str | None = None, config: dict | None = None):
+    def __init__(self, cfg: TrackingConfig, rank: int, name: str, *, total: int, start: int = 0,
+                 wandb_run: WandbRun | None = None, wandb_id: str | None = None):
         self.cfg, self.active = cfg, rank == 0
         self.wandb_id, self._run, self._bar = wandb_id, None, None
         self.progress = Progress(total, every_s=cfg.progress_every_s, log_every=cfg.log_every)
@@ -27,14 +26,9 @@ class Tracker:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, initial=start, desc=name, dynamic_ncols=True)
-        if cfg.wandb_mode != "disabled":
-            import wandb
-
-            cfg_dict = {k: to_dict(v) if dataclasses.is_dataclass(v) else v for k, v in (config or {}).items()}
-            self._run = wandb.init(project=cfg.wandb_project, name=name, mode=cfg.wandb_mode, dir=str(state_dir),
-                                   id=wandb_id, resume="allow", config=cfg_dict, settings=wandb.Settings(
-                                       silent=True, console="off", x_disable_stats=True))
-            self.wandb_id = self._run.id
+        if wandb_run is not None:
+            self.wandb_id = wandb_run.start(resume_id=wandb_id)
+            self._run = wandb_run
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.active:
@@ -50,7 +44,6 @@ class Tracker:
             print(f"step {step}: {line} | {self.progress.stats(step + 1)}", flush=True)
 
     def close(self) -> None:
+        """Close the progress bar (the wandb run stays open for its owner to finish)."""
         if self._bar is not None:
             self._bar.close()
-        if self._run is not None:
-            self._run.finish()

@@ -37,7 +37,7 @@ prepare_dataset(DataConfig(num_examples=4000, num_digits=2, eval_size=100), d / 
 train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
 MODEL = ModelConfig(max_seq_len=32, dtype=DType.BF16, gradient_checkpointing=True)
 run_sft(model_cfg=MODEL, sft_cfg=SFTConfig(steps=400, global_batch_size=128, micro_batch_size=128, nproc=1,
-        backend=Backend.AUTO, save_every=0), tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=50),
+        backend=Backend.AUTO, save_every=0), tracking_cfg=TrackingConfig(wandb=False, log_every=50),
         dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
 """
 
@@ -103,7 +103,7 @@ data = store.put("dataset", "addition", d / "ds", run_id="gpu", parents=[], conf
 rl = RLConfig(steps=2, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=6, kl_coef=0.01, checkpoint_every=0,
               remote_timeout_s=300)
 res = run_rl(rl_cfg=rl, reward_cfg=RewardConfig(), placement_cfg=PlacementConfig(policy_workers=1, gpus_per_worker=0.25),
-             max_seq_len=32, tracking_cfg=TrackingConfig(wandb_mode="disabled"), start_model_dir=d / "model",
+             max_seq_len=32, tracking_cfg=TrackingConfig(wandb=False), start_model_dir=d / "model",
              dataset_dir=d / "ds", store_root=str(store.root), run_id="gpu", parents=[model.id, data.id],
              state_dir=d / "rlstate", start_model_id=model.id)
 assert res.steps == 2

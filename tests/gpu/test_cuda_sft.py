@@ -27,7 +27,7 @@ prepare_dataset(DataConfig(num_examples=12000, num_digits=2, eval_size=500), d /
 train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
 m = run_sft(model_cfg=ModelConfig(max_seq_len=32, dtype=DType.BF16), sft_cfg=SFTConfig(steps=600, global_batch_size=256,
             micro_batch_size=256, nproc=1, backend=Backend.NCCL, save_every=0),
-            tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=100), dataset_dir=d / "ds",
+            tracking_cfg=TrackingConfig(wandb=False, log_every=100), dataset_dir=d / "ds",
             tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
 r = evaluate(d / "model", d / "ds", EvalConfig(num_problems=500, k=4, max_new_tokens=6), device="cuda")
 print("RESULT", m["tokens_per_s"], r.greedy_accuracy, r.generated_tokens_per_s)

@@ -23,7 +23,7 @@ home, base, ds = sys.argv[1], sys.argv[2], sys.argv[3]
 store = ArtifactStore(home)
 data = store.put("dataset", "addition", Path(ds), run_id="t", parents=[], config={})
 ref = stages.sft(ModelConfig(base_path=base, max_seq_len=32), SFTConfig(steps=3, global_batch_size=16, micro_batch_size=16,
-                 nproc=1, warmup_steps=1, save_every=0), TrackingConfig(wandb_mode="disabled"), dataset=data,
+                 nproc=1, warmup_steps=1, save_every=0), TrackingConfig(wandb=False), dataset=data,
                  tokenizer=None, run_id="t", store=store)
 print("MODEL", ref.id)
 """

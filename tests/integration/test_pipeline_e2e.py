@@ -25,7 +25,7 @@ OVERRIDES = json.dumps({
 })
 
 
-def test_full_pipeline_and_lineage(tmp_path, monkeypatch):
+def test_full_pipeline_and_lineage(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("POSTTRAIN_HOME", str(tmp_path / "home"))
     from posttrain.artifacts import ArtifactStore
     from workflows.pipeline import pipeline
@@ -41,6 +41,23 @@ def test_full_pipeline_and_lineage(tmp_path, monkeypatch):
     assert s.sft_model_id in store.manifest(s.sft_eval_id).parents
     assert s.rl_model_id in store.manifest(s.rl_eval_id).parents
     assert 0.0 <= s.rl_greedy_accuracy <= 1.0 and 0.0 <= s.sft_greedy_accuracy <= 1.0
+
+    # One offline wandb run per stage, grouped by the run id, each naming its inputs and outputs; the summary
+    # says where they are and how to upload them.
+    from tests.integration.test_wandb_runs import read_run
+
+    folder = tmp_path / "home" / "wandb" / "e2e" / "wandb"
+    runs = [read_run(f) for f in sorted(folder.glob("offline-run-*"))]
+    assert sorted(r["job_type"] for r in runs) == ["eval", "eval", "rl", "sft"] and {r["group"] for r in runs} == {"e2e"}
+    by_stage = {r["job_type"]: r["config"]["posttrain"] for r in runs}
+    assert by_stage["sft"]["outputs"] == {"model": s.sft_model_id}
+    assert by_stage["rl"]["inputs"] == {"start_model": s.sft_model_id, "dataset": s.dataset_id}
+    assert by_stage["rl"]["outputs"] == {"model": s.rl_model_id}
+    assert {r["config"]["posttrain"]["outputs"]["eval"] for r in runs if r["job_type"] == "eval"} == {s.sft_eval_id,
+                                                                                                     s.rl_eval_id}
+    rl_steps = [h["_step"] for r in runs if r["job_type"] == "rl" for h in r["history"] if "reward_mean" in h]
+    assert rl_steps == [1, 2]
+    assert f"wandb:      4 offline runs (one per stage, group e2e) in {folder}" in capfd.readouterr().out
 
     # The console command shows the chain RL model -> SFT model -> dataset and tokenizer.
     out = subprocess.run([sys.executable, "-m", "posttrain.artifacts.cli", "--home", str(tmp_path / "home"),

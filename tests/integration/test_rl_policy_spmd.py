@@ -132,7 +132,7 @@ class _NoTracker:
     def log(self, m) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, model_id=None, *, failed=False) -> None:
         pass
 
 

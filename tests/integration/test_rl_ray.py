@@ -19,7 +19,7 @@ from posttrain.rl.types import WeightReport
 
 pytestmark = pytest.mark.ray
 
-TRACKING = TrackingConfig(wandb_mode="disabled", log_every=1)
+TRACKING = TrackingConfig(wandb=False, log_every=1)
 
 
 class Probe:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.ray
 CFG = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, kl_coef=0.02, checkpoint_every=2,
                remote_timeout_s=60)
 PLACEMENT = PlacementConfig(policy_workers=2, rollout_workers=1, reward_workers=1, reference_workers=1)
-TRACKING = TrackingConfig(wandb_mode="disabled")
+TRACKING = TrackingConfig(wandb=False)
 METHOD = {"rollout": (RolloutWorker, "generate"), "reward": (RewardWorker, "score"),
           "reference": (ReferenceWorker, "log_probs"), "policy": (PolicyWorker, "update")}
 """Role -> (worker class, the method called once per step)."""

@@ -31,7 +31,7 @@ ray.init(address=a["address"], log_to_driver=False, runtime_env={"env_vars": a["
 cfg = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, kl_coef=0.0, checkpoint_every=2,
                remote_timeout_s=60)
 res = run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=PlacementConfig(policy_workers=2), max_seq_len=32,
-             tracking_cfg=TrackingConfig(wandb_mode="disabled"), start_model_dir=a["model_dir"],
+             tracking_cfg=TrackingConfig(wandb=False), start_model_dir=a["model_dir"],
              dataset_dir=a["dataset_dir"], store_root=a["store"], run_id="resume-test", parents=a["parents"],
              state_dir=a["state_dir"], start_model_id=a["parents"][0])
 print("RESULT " + json.dumps({"model": res.model.id, "steps": res.steps,

@@ -54,7 +54,7 @@ def _run(tmp_path, tiny, **kw):
     model = store.put("model", "start", tiny["model_dir"], run_id="test", parents=[], config={})
     data = store.put("dataset", "addition", tiny["dataset_dir"], run_id="test", parents=[], config={})
     return run_rl(rl_cfg=RL, reward_cfg=REWARD, placement_cfg=PlacementConfig(policy_workers=1),
-                  max_seq_len=tiny["max_seq_len"], tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=1),
+                  max_seq_len=tiny["max_seq_len"], tracking_cfg=TrackingConfig(wandb=False, log_every=1),
                   start_model_dir=tiny["model_dir"], dataset_dir=tiny["dataset_dir"], store_root=str(store.root),
                   run_id="vllm", parents=[model.id, data.id], state_dir=tmp_path / "state", start_model_id=model.id,
                   **kw)

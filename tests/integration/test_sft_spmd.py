@@ -116,7 +116,7 @@ from posttrain.sft import run_sft
 d = Path(sys.argv[1]); steps = int(sys.argv[2])
 run_sft(model_cfg=ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64, max_seq_len=32),
         sft_cfg=SFTConfig(steps=steps, global_batch_size=16, micro_batch_size=4, nproc=2, save_every=4, warmup_steps=2, lr=1e-2),
-        tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=1), dataset_dir=d / "ds", tokenizer_dir=d / "tok",
+        tracking_cfg=TrackingConfig(wandb=False, log_every=1), dataset_dir=d / "ds", tokenizer_dir=d / "tok",
         base_model_dir=None, out_dir=Path(sys.argv[3]), state_dir=Path(sys.argv[4]), run_name="t")
 """
 
@@ -166,7 +166,7 @@ d = Path(sys.argv[1])
 prepare_dataset(DataConfig(num_examples=12000, num_digits=2, eval_size=500), d / "ds")
 train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
 run_sft(model_cfg=ModelConfig(max_seq_len=32), sft_cfg=SFTConfig(steps=600, global_batch_size=256, micro_batch_size=256,
-        nproc=1, lr=3e-3, save_every=0), tracking_cfg=TrackingConfig(wandb_mode="disabled", log_every=100),
+        nproc=1, lr=3e-3, save_every=0), tracking_cfg=TrackingConfig(wandb=False, log_every=100),
         dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
 r = evaluate(d / "model", d / "ds", EvalConfig(num_problems=500, k=1, max_new_tokens=6))
 print("GREEDY", r.greedy_accuracy)

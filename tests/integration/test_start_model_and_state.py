@@ -31,7 +31,7 @@ from posttrain.config import ConfigError, ModelConfig, SFTConfig, TrackingConfig
 home, base, ds, mode = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
 store = ArtifactStore(home)
 data = store.put("dataset", "addition", ds, run_id="t", parents=[], config={})
-track = TrackingConfig(wandb_mode="disabled", log_every=1)
+track = TrackingConfig(wandb=False, log_every=1)
 def sft_cfg(**kw):
     return SFTConfig(**{"steps": 2, "global_batch_size": 16, "micro_batch_size": 16, "nproc": 1, "warmup_steps": 0,
                         "save_every": 1, **kw})

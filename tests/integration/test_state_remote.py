@@ -31,7 +31,7 @@ home, base, ds, steps = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(s
 store = ArtifactStore(home)
 data = store.put("dataset", "addition", ds, run_id="t", parents=[], config={})
 cfg = SFTConfig(steps=steps, global_batch_size=16, micro_batch_size=16, nproc=1, warmup_steps=0, save_every=1)
-ref = stages.sft(ModelConfig(base_path=str(base)), cfg, TrackingConfig(wandb_mode="disabled", log_every=1),
+ref = stages.sft(ModelConfig(base_path=str(base)), cfg, TrackingConfig(wandb=False, log_every=1),
                  dataset=data, tokenizer=None, run_id="t", store=store)
 print("RESULT" + json.dumps({"model": ref.id}))
 """

@@ -63,6 +63,7 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"data": {"task": "", "files": []}}', "data.files"),
     ('{"data": {"tokenizer": {"train": false}}}', "data.tokenizer.train"),
     ('{"tracking": {"wandb_mode": "loud"}}', "tracking.wandb_mode"),
+    ('{"tracking": {"wandb_mode": "disabled"}}', "tracking.wandb"),
     ('{"rl": {"warmup_steps": -1}}', "rl.warmup_steps"),
     ('{"eval": {"k": -1}}', "eval.k"),
     ('{"placement": {"policy_workers": 0}}', "placement.policy_workers"),

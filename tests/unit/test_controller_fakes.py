@@ -169,7 +169,7 @@ def test_failure_rate_above_the_limit_stops_the_run_naming_function_count_step_a
 
 def test_failures_below_the_limit_are_on_the_console_line_of_every_step_they_occur(tmp_path, capsys):
     cfg = replace(CFG, kl_coef=0.0, max_reward_failure_rate=0.9)
-    tracker = RLTracker(TrackingConfig(wandb_mode="disabled", log_every=1000), name="t", run_dir=tmp_path, total=6)
+    tracker = RLTracker(TrackingConfig(wandb=False, log_every=1000), name="t", total=6)
     c = Controller(cfg, make_fake_groups(cfg, reward=local_reward_group(RewardConfig(fn="tests.reward_fns:fails_on_prompt_3"))),
                    fake_sampler(cfg), tracker, None)
     hist = c.run(6)

@@ -50,7 +50,7 @@ def test_duration(s, text):
 def test_sft_tracker_prints_the_first_and_last_step_of_a_fast_run_with_eta(tmp_path, capsys):
     from posttrain.tracking import Tracker
 
-    t = Tracker(TrackingConfig(wandb_mode="disabled"), 0, "t", tmp_path, total=8, start=3)
+    t = Tracker(TrackingConfig(wandb=False), 0, "t", total=8, start=3)
     for step in range(3, 8):
         t.log(step, {"loss": 1.5, "lr": 1e-3})
     t.close()

@@ -6,7 +6,7 @@ the pod's /tmp. Every writer commits through one small file written last (SFT: `
 `LATEST` pointer), and a single-object write is atomic on object stores; on a local disk `write_text` is a
 temporary file + rename. So a kill at any moment leaves the previous committed state readable.
 
-What is appended every step (RL's `steps.jsonl`) and offline wandb runs stay in a local work folder (`work`):
+What is appended every step (RL's `steps.jsonl`) stays in a local work folder (`work`):
 the state folder itself for a local root; `~/.cache/posttrain/state/<hash of the URL>` for a remote one. RL
 copies its step log into each committed step folder, so another node's resume starts from that copy.
 """
@@ -98,20 +98,12 @@ class StateDir:
             self.fs.rm(self._p(rel), recursive=True)
 
     def drop(self) -> None:
-        """Delete everything but the local work folder's offline tracking runs (`wandb/`)."""
+        """Delete the state folder and its local work folder."""
         self.fs.invalidate_cache()
-        if self.local:
-            for child in self.work.iterdir():
-                if child.name != "wandb":
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
-            if not any(self.work.iterdir()):
-                self.work.rmdir()
-            return
         if self.fs.exists(self._path):
             self.fs.rm(self._path, recursive=True)
-        for child in self.work.iterdir():
-            if child.name != "wandb":
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        if self.work.exists():
+            shutil.rmtree(self.work)
 
 
 def write_file(url: str, write: Callable[[str], None]) -> None:

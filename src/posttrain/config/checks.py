@@ -156,8 +156,10 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
 
 
 def _check_tracking(t: TrackingConfig) -> None:
-    _check(t.wandb_mode in ("offline", "online", "disabled"), "tracking.wandb_mode",
-           f"{t.wandb_mode!r} is not one of 'offline', 'online', 'disabled'")
+    _check(t.wandb_mode != "disabled", "tracking.wandb_mode",
+           "'disabled' is not a mode: set tracking.wandb to false to start no wandb run")
+    _check(t.wandb_mode in ("offline", "online"), "tracking.wandb_mode",
+           f"{t.wandb_mode!r} is not one of 'offline', 'online'")
     _check(t.log_every >= 0, "tracking.log_every", "must be >= 0 (0: lines paced by tracking.progress_every_s)")
     _check(t.progress_every_s > 0, "tracking.progress_every_s", "must be > 0 seconds")
 

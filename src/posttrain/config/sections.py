@@ -114,8 +114,11 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
+    wandb: bool = True
+    """Log each stage (sft, rl, eval) as a wandb run grouped by the pipeline run id; false starts none."""
     wandb_mode: str = "offline"
-    """wandb mode: "offline" (default, writes under the run folder), "online" or "disabled"."""
+    """"offline" (default: runs are written under `<store root>/wandb/<run id>/`; upload with `wandb sync`) or
+    "online" (needs a wandb login)."""
     wandb_project: str = "posttrain"
     """wandb project name."""
     log_every: int = 0

@@ -69,9 +69,11 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
             for i in range(len(problems))] if cfg.k > 0 else []
     failures = [r.failure for r in g_res + s_res if r.failure is not None]
     n_tokens = sum(len(g.response_ids) for g in greedy + sampled)
-    samples = [{"prompt": prompt_messages(ex)[-1]["content"], "greedy": decode(g), "answer": ex.get("answer"),
-                "score": r.score, "correct": ok, "failure": r.failure}
-               for ex, g, r, ok in list(zip(problems, greedy, g_res, g_ok))[:10]]
+    every = [{"prompt": prompt_messages(ex)[-1]["content"], "greedy": decode(g), "answer": ex.get("answer"),
+              "score": r.score, "correct": ok, "failure": r.failure,
+              "sampled_correct": sum(s_ok[i]) if cfg.k > 0 else None}
+             for i, (ex, g, r, ok) in enumerate(zip(problems, greedy, g_res, g_ok))]
+    samples = [{k: v for k, v in p.items() if k != "sampled_correct"} for p in every[:10]]
     return EvalReport(
         greedy_accuracy=sum(g_ok) / len(problems),
         sampled_accuracy=sum(sum(r) for r in s_ok) / (len(problems) * cfg.k) if cfg.k > 0 else None,
@@ -81,7 +83,7 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         reward_failures=len(failures), reward_calls=len(g_res) + len(s_res),
         reward_failure_examples=_distinct(failures, FAILURE_EXAMPLES),
         mean_response_tokens=n_tokens / len(greedy + sampled), seconds=seconds,
-        generated_tokens_per_s=n_tokens / max(seconds, 1e-9), samples=samples)
+        generated_tokens_per_s=n_tokens / max(seconds, 1e-9), samples=samples, problems=every)
 
 
 def _progress(what: str) -> Callable[[int, int], None]:

@@ -34,6 +34,10 @@ class EvalReport:
     seconds: float
     generated_tokens_per_s: float
     samples: list[dict] = field(default_factory=list)
+    """The first 10 problems: prompt, answer, greedy completion, score, correct, failure."""
+    problems: list[dict] = field(default_factory=list)
+    """Every problem scored, as in `samples`, plus `sampled_correct`: how many of the k samples were correct
+    (None when k == 0). Reports written before this field have none."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=False)

@@ -74,7 +74,8 @@ class RoleGroups:
 class StepTracker(Protocol):
     def log(self, m: StepMetrics) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, model_id: str | None = None, *, failed: bool = False) -> None:
+        """End of the run: `model_id` is the final model's id (None when nothing was stored)."""
 
 
 class Controller:
@@ -200,8 +201,10 @@ class Controller:
                     self.save()
             if self.checkpointer and self.model_id is None:  # resumed a finished run that never saved
                 self.save()
-        finally:
-            self.tracker.close()
+        except BaseException:
+            self.tracker.close(failed=True)
+            raise
+        self.tracker.close(self.model_id)
         return self.history
 
     def save(self) -> None:

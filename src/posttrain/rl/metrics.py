@@ -12,8 +12,8 @@ overhead (the drift check costs nothing of its own: the update's first forward m
 `RLTracker` prints a tqdm bar when stdout is a terminal, else lines paced by posttrain.progress (the first
 step, the last, every `tracking.log_every` steps when set, else every `tracking.progress_every_s` seconds;
 with rate and ETA) - and a line for every step with failed reward calls, whatever the pace, naming the count
-and one reason - and logs to wandb in `tracking.wandb_mode` ("offline" by default; "disabled" creates no files
-and never imports wandb). It resumes the same wandb run id after a restart.
+and one reason - and logs every step to the RL stage's wandb run (posttrain.wandb_run; none with
+`tracking.wandb: false`), continuing the same wandb run id after a restart.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from posttrain.config import TrackingConfig
 from posttrain.progress import Progress
 from posttrain.rl.types import LogProbs, Rewards, Trajectories, UpdateStats
+from posttrain.wandb_run import WandbRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,10 +110,11 @@ _CONSOLE = ("reward_mean", "accuracy", "kl", "entropy", "clip_fraction", "respon
 
 
 class RLTracker:
-    """Console + wandb sink for StepMetrics. `wandb_id` continues a run after a resume."""
+    """Console + wandb sink for StepMetrics. `wandb_run` (posttrain.wandb_run) is started here, continuing
+    `wandb_id` after a resume, and finished by `close` with the final model's id."""
 
-    def __init__(self, cfg: TrackingConfig, *, name: str, run_dir: str | Path, total: int, start: int = 0,
-                 wandb_id: str | None = None, config: dict | None = None):
+    def __init__(self, cfg: TrackingConfig, *, name: str, total: int, start: int = 0,
+                 wandb_run: WandbRun | None = None, wandb_id: str | None = None):
         self.cfg, self.total, self.wandb_id = cfg, total, wandb_id
         self._run, self._bar = None, None
         self.progress = Progress(total, every_s=cfg.progress_every_s, log_every=cfg.log_every)
@@ -121,14 +122,9 @@ class RLTracker:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, initial=start, desc=name, dynamic_ncols=True)
-        if cfg.wandb_mode != "disabled":
-            import wandb
-
-            Path(run_dir).mkdir(parents=True, exist_ok=True)
-            self._run = wandb.init(project=cfg.wandb_project, name=name, mode=cfg.wandb_mode, dir=str(run_dir),
-                                   id=wandb_id, resume="allow", config=config or {},
-                                   settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
-            self.wandb_id = self._run.id
+        if wandb_run is not None:
+            self.wandb_id = wandb_run.start(resume_id=wandb_id)
+            self._run = wandb_run
 
     def log(self, m: StepMetrics) -> None:
         flat = m.flat()
@@ -145,8 +141,9 @@ class RLTracker:
             print(f"rl step {m.step}/{self.total}: {line}" + (f" | {failures}" if failures else "")
                   + f" | {self.progress.stats(m.step)}", flush=True)
 
-    def close(self) -> None:
+    def close(self, model_id: str | None = None, *, failed: bool = False) -> None:
+        """End the run, recording the final model's id when there is one."""
         if self._bar is not None:
             self._bar.close()
         if self._run is not None:
-            self._run.finish()
+            self._run.finish(outputs={"model": model_id} if model_id else None, failed=failed)

@@ -40,6 +40,7 @@ from posttrain.rl import placement as pl
 from posttrain.rl import weight_transfer
 from posttrain.rl.metrics import StepMetrics
 from posttrain.rl.remote import RemoteTimeoutError, WorkerLostError
+from posttrain.wandb_run import WandbRun
 
 WAIT_CALLS_PER_STEP = 10
 """Backstop for the driver's wait for the controller's start (role actors reporting, the policy group
@@ -83,6 +84,8 @@ class RunSpec:
     weights_folder: str = ""
     """Shared-memory folder for policy -> rollout weight transfer on one node (posttrain.rl.weight_transfer);
     "" or rollout workers on another node than policy rank 0: Ray's object store."""
+    wandb_run: WandbRun | None = None
+    """The RL stage's wandb run, not started yet (None: no wandb)."""
 
 
 class ControllerActor:
@@ -121,9 +124,9 @@ class ControllerActor:
             config=config, extra={"reward": reward_identity(spec.reward_cfg, [e.get("task") for e in examples]),
                                   "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value})
         latest = self.checkpointer.latest()
-        tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", run_dir=str(self.checkpointer.state.work / "wandb"),
-                            total=cfg.steps, start=latest.step if latest else 0,
-                            wandb_id=latest.wandb_id if latest else None, config=config)
+        tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", total=cfg.steps,
+                            start=latest.step if latest else 0, wandb_run=spec.wandb_run,
+                            wandb_id=latest.wandb_id if latest else None)
         self.controller = Controller(cfg, groups, sampler, tracker, self.checkpointer)
 
     def ready(self) -> None:
@@ -211,9 +214,11 @@ RESTARTABLE = (WorkerLostError, RemoteTimeoutError, StepTimeoutError)
 
 def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig | None = None, placement_cfg: PlacementConfig, max_seq_len: int, tracking_cfg: TrackingConfig,
            start_model_dir, dataset_dir, store_root: str, run_id: str, parents: list[str], state_dir,
-           start_model_id: str, placement_timeout_s: float = 120.0, workers: dict[str, type] | None = None) -> RLResult:
+           start_model_id: str, placement_timeout_s: float = 120.0, workers: dict[str, type] | None = None,
+           wandb_run: WandbRun | None = None) -> RLResult:
     """Run RL on Ray; up to rl.max_restarts times, a lost worker or a timeout rebuilds the actors and resumes
-    from the last checkpoint (module docstring)."""
+    from the last checkpoint (module docstring). `wandb_run` (not started) goes to the controller actor, which
+    logs every step into it and finishes it with the final model's id."""
     import ray
 
     workers = {**default_workers(), **(workers or {})}
@@ -224,7 +229,8 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
     spec = RunSpec(rl_cfg=rl_cfg, reward_cfg=reward_cfg, placement_cfg=placement_cfg, tracking_cfg=tracking_cfg,
                    max_seq_len=max_seq_len, start_model_dir=str(start_model_dir), dataset_dir=str(dataset_dir),
                    store_root=str(store_root), run_id=run_id, parents=list(parents), state_dir=str(state_dir),
-                   start_model_id=start_model_id, weights_folder=str(weight_transfer.folder_for(run_id)))
+                   start_model_id=start_model_id, weights_folder=str(weight_transfer.folder_for(run_id)),
+                   wandb_run=wandb_run)
     try:
         for attempt in range(rl_cfg.max_restarts + 1):
             try:

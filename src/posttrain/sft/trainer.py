@@ -48,6 +48,7 @@ from posttrain.models.tiny import build_model
 from posttrain.sft.batching import Batch, collate, rank_order, token_losses
 from posttrain.sft.dist import DistInfo, all_reduce_sum, init_distributed
 from posttrain.tracking import Tracker
+from posttrain.wandb_run import WandbRun
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -165,7 +166,9 @@ HISTORY_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
 
 
 def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: TrackingConfig, dataset_dir, tokenizer_dir,
-            base_model_dir, out_dir, state_dir, run_name: str = "sft") -> dict:
+            base_model_dir, out_dir, state_dir, run_name: str = "sft", wandb_run: WandbRun | None = None) -> dict:
+    """Train on every rank; returns rank 0's last metrics and per-step history. `wandb_run` (rank 0's, from
+    posttrain.wandb_run): started here - continuing the saved run id on a resume - and finished by the caller."""
     # Ranks forked by Elastic inherit the parent's torch thread pool, and torch reads OMP_NUM_THREADS only
     # once: without this, N ranks x all-cores threads spin against each other (measured ~100x slower).
     if os.environ.get("OMP_NUM_THREADS"):
@@ -185,8 +188,8 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
     state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
     start, wandb_id, history = load_state(state, model, optimizer)
-    tracker = Tracker(tracking_cfg, info.rank, run_name, state.work, total=sft_cfg.steps, start=start, wandb_id=wandb_id,
-                      config={"model": model_cfg, "sft": sft_cfg})
+    tracker = Tracker(tracking_cfg, info.rank, run_name, total=sft_cfg.steps, start=start, wandb_run=wandb_run,
+                      wandb_id=wandb_id)
     autocast = info.device.type == "cuda" and model_cfg.dtype.value == "bf16"
     metrics: dict = {}
     t_start = time.perf_counter()

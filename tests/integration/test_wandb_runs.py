@@ -1,0 +1,148 @@
+"""wandb as its users expect, through `posttrain.stages` in real subprocesses with real offline wandb runs:
+one run per stage (SFT, eval) grouped by the pipeline run id, with the input artifact ids, their lineage and
+the output id in the run config, per-step metrics, the eval's per-problem table; a resumed SFT continues the
+same run id; `tracking.wandb: false` writes nothing. The RL stage's run is checked by the pipeline e2e test.
+The run files are read back with tests/wandb_log.py (wandb's own record format)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.wandb_log import records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, sys
+from pathlib import Path
+from posttrain import stages
+from posttrain.artifacts import ArtifactStore
+from posttrain.config import EvalConfig, ModelConfig, RewardConfig, SFTConfig, TrackingConfig
+home, base, ds, mode = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+store = ArtifactStore(home)
+data = store.put("dataset", "addition", ds, run_id="night-1", parents=[], config={})
+track = TrackingConfig(wandb=mode != "off", log_every=1)
+steps = 300 if mode == "long" else 3
+start = stages.start_model(ModelConfig(base_path=base), run_id="night-1", store=store)
+model = stages.sft(ModelConfig(base_path=base), SFTConfig(steps=steps, global_batch_size=16, micro_batch_size=16,
+                   nproc=1, warmup_steps=0, save_every=1), track, dataset=data, tokenizer=None, start=start,
+                   run_id="night-1", store=store)
+ev = stages.evaluate(EvalConfig(num_problems=20, k=2, max_new_tokens=6), RewardConfig(), model=model, dataset=data,
+                     run_id="night-1", store=store, tracking=track)
+print("RESULT" + json.dumps({"dataset": data.id, "start": start.id, "model": model.id, "eval": ev.report.id}))
+"""
+
+
+def _start(home: Path, fixture: dict, mode: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(home), str(fixture["model_dir"]),
+                             str(fixture["dataset_dir"]), mode], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def _run(home: Path, fixture: dict, mode: str) -> tuple[dict, str]:
+    proc = _start(home, fixture, mode)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    return json.loads(stdout.split("RESULT")[1]), stdout
+
+
+def read_run(folder: Path) -> dict:
+    """One offline run folder -> its run record, merged config (updates applied in order), summary, history."""
+    run, config, summary, history = None, {}, {}, []
+    for r in records(next(folder.glob("run-*.wandb"))):
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            run = r.run
+            config.update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+        elif kind == "config":
+            config.update({i.key: json.loads(i.value_json) for i in r.config.update})
+        elif kind == "summary":
+            summary.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.summary.update})
+        elif kind == "history":
+            history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item})
+    if run is None:  # a run whose process was killed before wandb wrote its records
+        return {}
+    return {"group": run.run_group, "job_type": run.job_type, "name": run.display_name, "id": run.run_id,
+            "config": config, "summary": summary, "history": history}
+
+
+def _runs(home: Path) -> list[dict]:
+    return [dict(read_run(f), folder=f) for f in sorted((home / "wandb" / "night-1" / "wandb").glob("offline-run-*"))]
+
+
+@pytest.mark.timeout(1500)  # the first user of the shared fixture trains it (a few minutes)
+def test_one_wandb_run_per_stage_with_ids_lineage_metrics_and_the_eval_table(tmp_path, tiny_sft_model):
+    home = tmp_path / "home"
+    ids, stdout = _run(home, tiny_sft_model, "short")
+    runs = {r["job_type"]: r for r in _runs(home)}
+    assert sorted(runs) == ["eval", "sft"] and {r["group"] for r in runs.values()} == {"night-1"}
+    sft, ev = runs["sft"], runs["eval"]
+    assert f"sft: wandb offline run {sft['id']} in {sft['folder']}" in stdout  # the stage names its run folder
+
+    meta = sft["config"]["posttrain"]
+    assert meta["run_id"] == "night-1" and meta["stage"] == "sft"
+    assert meta["inputs"] == {"dataset": ids["dataset"], "start_model": ids["start"]}
+    assert meta["outputs"] == {"model": ids["model"]}  # added once the model was stored
+    assert {a["id"]: a["kind"] for a in meta["lineage"]} == {ids["dataset"]: "dataset", ids["start"]: "model"}
+    assert meta["code"]["package"] and sft["config"]["sft"]["steps"] == 3
+    losses = [h for h in sft["history"] if "loss" in h]
+    assert [h["_step"] for h in losses] == [0, 1, 2] and all(h["loss"] > 0 for h in losses)
+
+    emeta = ev["config"]["posttrain"]
+    assert emeta["inputs"] == {"model": ids["model"], "dataset": ids["dataset"]}
+    assert emeta["outputs"] == {"eval": ids["eval"]}
+    assert ids["model"] in {a["id"] for a in emeta["lineage"]} and ids["start"] in {a["id"] for a in emeta["lineage"]}
+    from posttrain.artifacts import ArtifactStore
+
+    metrics = ArtifactStore(home).manifest(ids["eval"]).metrics
+    assert ev["summary"]["greedy_accuracy"] == metrics["greedy_accuracy"]
+    assert ev["summary"]["sampled_accuracy"] == metrics["sampled_accuracy"]
+    table = json.loads(next((ev["folder"] / "files" / "media" / "table").rglob("*.table.json")).read_text())
+    assert table["columns"] == ["prompt", "answer", "greedy", "score", "correct", "failure", "sampled_correct"]
+    assert len(table["data"]) == 20  # every problem, not a sample
+    assert sum(row[4] for row in table["data"]) / 20 == metrics["greedy_accuracy"]
+    assert all(0 <= row[6] <= 2 for row in table["data"])  # of k = 2 samples
+
+    # The README's upload command finds both runs (wandb's own CLI; --dry-run: nothing leaves the machine).
+    folders = [str(r["folder"]) for r in runs.values()]
+    out = subprocess.run([str(Path(sys.executable).parent / "wandb"), "sync", "--dry-run", *folders],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert "Would sync 2 run(s)" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.timeout(900)
+def test_tracking_wandb_false_writes_no_run(tmp_path, tiny_sft_model):
+    home = tmp_path / "home"
+    _, stdout = _run(home, tiny_sft_model, "off")
+    assert not (home / "wandb").exists() and ": wandb " not in stdout
+
+
+@pytest.mark.timeout(900)
+def test_a_resumed_sft_continues_the_same_wandb_run(tmp_path, tiny_sft_model):
+    home = tmp_path / "home"
+    proc = _start(home, tiny_sft_model, "long")
+    deadline = time.time() + 300
+    while not list((home / "state" / "sft").glob("*/step-*[0-9]/meta.json")):  # a committed state save
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    ids, stdout = _run(home, tiny_sft_model, "long")
+    assert "sft: resuming at step" in stdout
+    # The killed attempt's folder and the resumed one carry the same run id (wandb names the folder after it;
+    # what the killed attempt's wandb process still buffered is lost with it - measured: only the file header).
+    folders = sorted((home / "wandb" / "night-1" / "wandb").glob("offline-run-*"))
+    sft = [r for r in _runs(home) if r.get("job_type") == "sft"]
+    assert len(sft) == 1 and sft[0]["config"]["posttrain"]["outputs"] == {"model": ids["model"]}
+    assert [f.name.rsplit("-", 1)[1] for f in folders].count(sft[0]["id"]) == 2
+    first = min(h["_step"] for h in sft[0]["history"] if "loss" in h)
+    assert first >= 1  # the resumed attempt logs from where the state was saved, not from step 0
