@@ -55,7 +55,7 @@ def readme_commands() -> list[str]:
     """Every command of the README's bash blocks: comments dropped, quoted lines joined, `a && b` split."""
     text = (ROOT / "README.md").read_text()
     out = []
-    for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
         pending = ""
         for line in block.splitlines():
             pending = f"{pending}\n{line}" if pending else line
