@@ -146,3 +146,34 @@ def test_a_resumed_sft_continues_the_same_wandb_run(tmp_path, tiny_sft_model):
     assert [f.name.rsplit("-", 1)[1] for f in folders].count(sft[0]["id"]) == 2
     first = min(h["_step"] for h in sft[0]["history"] if "loss" in h)
     assert first >= 1  # the resumed attempt logs from where the state was saved, not from step 0
+
+
+@pytest.mark.timeout(300)
+def test_with_a_remote_store_root_the_offline_run_is_uploaded_under_it(tmp_path, s3_root, monkeypatch):
+    """A pod's local disk goes with the pod: with an s3:// root the finished run is copied to <root>/wandb/<run id>/
+    (a real S3-protocol server), and the run summary lists it there."""
+    import fsspec
+
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.config import TrackingConfig
+    from posttrain.wandb_run import WandbRun, offline_runs
+
+    monkeypatch.setenv("HOME", str(tmp_path / "pod"))  # the local cache folder is this "pod's"
+    store = ArtifactStore(f"{s3_root}/home")
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    (ds / "rows.txt").write_text("1+1=2\n")
+    data = store.put("dataset", "d", ds, run_id="night-2", parents=[], config={})
+    run = WandbRun.for_stage(TrackingConfig(), stage="sft", run_id="night-2", store=store,
+                             inputs={"dataset": data.id}, settings={})
+    run.start()
+    run.log({"loss": 1.5}, step=0)
+    run.finish(outputs={"model": "m" * 64})
+    [uploaded] = offline_runs(store.root, "night-2")
+    assert uploaded.startswith(f"{s3_root}/home/wandb/night-2/offline-run-")
+    fs, path = fsspec.core.url_to_fs(uploaded)
+    local = tmp_path / "back"
+    fs.get(path, str(local), recursive=True)
+    got = read_run(local)
+    assert got["group"] == "night-2" and got["config"]["posttrain"]["outputs"] == {"model": "m" * 64}
+    assert got["config"]["posttrain"]["lineage"][0]["id"] == data.id
