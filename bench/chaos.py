@@ -211,10 +211,48 @@ def check_store(home: Path) -> dict:
     objects = home / "objects"
     no_manifest = [d.name for d in objects.iterdir() if not (d / "manifest.json").exists()] if objects.exists() else []
     tmp = sorted(p.name for p in (home / "tmp").iterdir()) if (home / "tmp").exists() else []
-    state = sorted(str(p.relative_to(home)) for p in (home / "state").glob("*/*/*")
-                   if p.name != "wandb") if (home / "state").exists() else []
+    state = sorted(str(p.relative_to(home)) for p in (home / "state").glob("*/*/*")) if (home / "state").exists() else []
     return {"artifacts": len(ids), "list_ok": listed.returncode == 0, "verify_failed": bad,
             "objects_without_manifest": no_manifest, "tmp_left": tmp, "state_left": state}
+
+
+def run_cycle(c: int, work: Path, turns: dict, kinds: list[str], t_ref: float, expected: dict, rng: random.Random,
+              max_attempts: int) -> tuple[dict, list[dict]]:
+    """One fresh store: kill attempts (kinds and actor roles taken in turn, `turns` counts them across cycles)
+    until a run finishes, then compare its outcome with the reference and check the store."""
+    home = work / f"cycle-{c}" / "home"
+    home.mkdir(parents=True)
+    cycle, events = {"cycle": c, "attempts": 0}, []
+    while True:
+        kind, role = kinds[turns["kind"] % len(kinds)], ROLES[turns["role"] % len(ROLES)]
+        e = attempt(home, work / f"cycle-{c}" / "log.txt", kind, role, t_ref, rng)
+        e["cycle"] = c
+        turns["kind"] += 1
+        cycle["attempts"] += 1
+        killed = "processes" in e or "role_killed" in e
+        turns["kills"] += killed
+        turns["role"] += "role_killed" in e
+        events.append(e)
+        print(f"chaos: cycle {c} attempt {cycle['attempts']}: {kind}"
+              + (f" {e.get('role_killed', '')} at {e['at_s']} s after '{e['last_line']}'" if killed else "")
+              + f" -> rc {e['rc']}{' finished' if e['finished'] else ''} (kills so far {turns['kills']})", flush=True)
+        if e["finished"]:
+            got = outcome(home, e["ids"])
+            cycle.update(same_outcome=got == expected, left_over=e.get("left_over", 0),
+                         differs={k: (expected[k], v) for k, v in got.items() if v != expected[k]})
+            break
+        if cycle["attempts"] > max_attempts:
+            cycle["gave_up"] = True
+            break
+    cycle.update(check_store(home))
+    print(f"chaos: cycle {c}: {json.dumps(cycle)}", flush=True)
+    return cycle, events
+
+
+def cycle_ok(c: dict) -> bool:
+    """The run finished with the reference's outcome and left a clean, verified store."""
+    return bool(c.get("same_outcome") and c["list_ok"] and not c["verify_failed"] and not c["objects_without_manifest"]
+                and not c["tmp_left"] and not c["state_left"] and not c.get("left_over"))
 
 
 def main() -> int:
@@ -240,49 +278,21 @@ def main() -> int:
     t_ref, expected = ref["wall_s"], outcome(ref_home, ref["ids"])
     print(f"chaos: reference run {t_ref:.0f} s: {expected}", flush=True)
 
-    events, cycles, kills, turn, role_turn = [], [], 0, 0, 0
-    while kills < args.kills:
-        c = len(cycles)
-        home = work / f"cycle-{c}" / "home"
-        home.mkdir(parents=True)
-        cycle = {"cycle": c, "attempts": 0}
-        while True:
-            kind, role = kinds[turn % len(kinds)], ROLES[role_turn % len(ROLES)]
-            e = attempt(home, work / f"cycle-{c}" / "log.txt", kind, role, t_ref, rng)
-            e["cycle"] = c
-            turn += 1
-            cycle["attempts"] += 1
-            killed = "processes" in e or "role_killed" in e
-            if killed:
-                kills += 1
-                role_turn += "role_killed" in e
-            events.append(e)
-            print(f"chaos: cycle {c} attempt {cycle['attempts']}: {kind}"
-                  + (f" {e.get('role_killed', '')} at {e['at_s']} s after '{e['last_line']}'" if killed else "")
-                  + f" -> rc {e['rc']}{' finished' if e['finished'] else ''} (kills so far {kills})", flush=True)
-            if e["finished"]:
-                got = outcome(home, e["ids"])
-                cycle.update(same_outcome=got == expected, left_over=e.get("left_over", 0),
-                             differs={k: (expected[k], v) for k, v in got.items() if v != expected[k]})
-                break
-            if cycle["attempts"] > 3 * args.kills:
-                cycle["gave_up"] = True
-                break
-        cycle.update(check_store(home))
+    events, cycles, turns = [], [], {"kind": 0, "role": 0, "kills": 0}
+    while turns["kills"] < args.kills:
+        cycle, cycle_events = run_cycle(len(cycles), work, turns, kinds, t_ref, expected, rng, 3 * args.kills)
         cycles.append(cycle)
-        print(f"chaos: cycle {c}: {json.dumps(cycle)}", flush=True)
+        events.extend(cycle_events)
 
-    ok = all(c.get("same_outcome") and not c["verify_failed"] and not c["objects_without_manifest"]
-             and not c["tmp_left"] and not c["state_left"] and not c.get("left_over") and c["list_ok"]
-             for c in cycles)
+    ok = all(cycle_ok(c) for c in cycles)
     by_kind = {k: sum(1 for e in events if e["kind"] == k and ("processes" in e or "role_killed" in e))
                for k in KINDS}
-    report = {"seed": args.seed, "kinds": kinds, "kills": kills, "by_kind": by_kind, "reference": ref, "cycles": cycles,
-              "events": events, "ok": ok, "load_average": os.getloadavg()[0]}
+    report = {"seed": args.seed, "kinds": kinds, "kills": turns["kills"], "by_kind": by_kind, "reference": ref,
+              "cycles": cycles, "events": events, "ok": ok, "load_average": os.getloadavg()[0]}
     out = ROOT / "bench" / "results" / f"chaos-{args.seed}-{'-'.join(kinds)}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"chaos: {kills} kills ({by_kind}) over {len(cycles)} cycles; every check passed: {ok}; report {out}")
+    print(f"chaos: {turns['kills']} kills ({by_kind}) over {len(cycles)} cycles; every check passed: {ok}; report {out}")
     if ok:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
