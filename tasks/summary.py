@@ -60,7 +60,7 @@ def summarize(run_id: str, dataset: ArtifactRef, sft_model: ArtifactRef, sft_eva
                 + (f"  ({failed}/{m.get('reward_calls')} reward calls failed)" if failed else ""))
 
     # with sft.enabled false the first model is the one RL started from (a base folder or a model artifact)
-    first = "SFT model  " if store.manifest(sft_model.id).extra.get("stage") == "sft" else "start model"
+    first = "SFT model  " if store.manifest(sft_model.id).stage == "sft" else "start model"
     lines = [f"run {run_id}  (store: {store.root})",
              f"  dataset     {dataset.id[:12]}",
              f"  {first} {sft_model.id[:12]}   eval {sft_eval.id[:12]}: {scores(sm)}  ({sm['num_problems']} problems)"]

@@ -43,7 +43,7 @@ from posttrain.artifacts.cli import add_commands, add_debug_flag, run_command, s
 from posttrain.artifacts.errors import ArtifactError
 from posttrain.config import ConfigError
 from posttrain.data.validation import DataValidationError
-from posttrain.promotion import PromotionError, channels, current, decisions
+from posttrain.promotion import PromotionError, channels, current, decisions_by_channel
 from posttrain.runtime import new_run_id
 
 USER_ERRORS = (ConfigError, DataValidationError, ArtifactError, FileNotFoundError, PromotionError)
@@ -79,7 +79,6 @@ def evaluate_model(*, recipe: str, overrides: str, model: str | None, run_id: st
     """Data prep, start model, evaluation; returns the ids and the eval artifact's metrics."""
     from posttrain import stages
     from posttrain.recipes import resolve
-    from posttrain.runtime import new_run_id
 
     over = _overrides(overrides)
     cfg = resolve(recipe, with_model(over, model) if model else over)
@@ -117,7 +116,8 @@ def render_channel(name: str, holder: dict | None, history: list[dict]) -> list[
 
 def run_channels(args: argparse.Namespace, store: ArtifactStore) -> int:
     """`posttrain channels`: every channel's holder and decision history."""
-    rows = [{"channel": c, "holder": current(c, store), "decisions": decisions(c, store)} for c in channels(store)]
+    decided = decisions_by_channel(store)
+    rows = [{"channel": c, "holder": current(c, store), "decisions": decided.get(c, [])} for c in channels(store)]
     if args.json:
         print(json.dumps(rows, indent=2))
     elif rows:  # no channel prints nothing, as an empty `artifacts list` does
@@ -132,7 +132,7 @@ def run_promote(args: argparse.Namespace, store: ArtifactStore) -> int:
     from posttrain.gating import judge
     from posttrain.recipes import resolve
 
-    cfg = resolve(args.recipe, _overrides(args.overrides))
+    cfg = resolve(args.recipe, args.overrides)
     model = store.ref(args.model)
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         d = judge(channel=args.channel, model=model, pin_to=store.ref(args.pin) if args.pin else None,

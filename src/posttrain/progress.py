@@ -29,7 +29,7 @@ def duration(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, total: int, *, every_s: float = 30.0, log_every: int = 0, unit: str = "step",
+    def __init__(self, total: int, *, every_s: float = PROGRESS_EVERY_S, log_every: int = 0, unit: str = "step",
                  clock=time.monotonic):
         """`total` units of work; `clock` is replaceable for tests."""
         self.total, self.every_s, self.log_every, self.unit = total, every_s, log_every, unit

@@ -30,6 +30,7 @@ import fsspec
 
 from posttrain.artifacts import ArtifactStore
 from posttrain.artifacts.handles import ArtifactRef
+from posttrain.artifacts.state import get_text, put_text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,25 +52,13 @@ def _channels_dir(store: ArtifactStore) -> tuple[fsspec.AbstractFileSystem, str]
 
 
 def _read_json(store: ArtifactStore, rel: str) -> dict | None:
-    fs, base = _channels_dir(store)
-    try:
-        return json.loads(fs.cat_file(f"{base}/{rel}"))
-    except FileNotFoundError:
-        return None
+    text = get_text(f"{str(store.root).rstrip('/')}/channels/{rel}")
+    return json.loads(text) if text is not None else None
 
 
 def _write_json(store: ArtifactStore, rel: str, data: dict) -> None:
-    """Readers see the old file or the new one: a rename locally, one PUT on object stores."""
-    fs, base = _channels_dir(store)
-    path = f"{base}/{rel}"
-    fs.makedirs(os.path.dirname(path), exist_ok=True)
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with fs.open(tmp, "w") as f:
-            json.dump(data, f)
-        fs.mv(tmp, path)
-    else:
-        fs.pipe_file(path, json.dumps(data).encode())
+    """Readers see the old file or the new one (artifacts.state.put_text)."""
+    put_text(f"{str(store.root).rstrip('/')}/channels/{rel}", json.dumps(data))
 
 
 def current(channel: str, store: ArtifactStore | None = None) -> dict | None:
@@ -111,13 +100,17 @@ def channels(store: ArtifactStore | None = None) -> list[str]:
 
 def decisions(channel: str, store: ArtifactStore | None = None) -> list[dict]:
     """The channel's decisions (decision.json of each `decision` artifact, with its id), newest first."""
-    store = store or ArtifactStore()
-    out = []
+    return decisions_by_channel(store or ArtifactStore(), only=channel).get(channel, [])
+
+
+def decisions_by_channel(store: ArtifactStore, only: str | None = None) -> dict[str, list[dict]]:
+    """Channel -> its decisions, newest first, each decision record read once (`only`: one channel's)."""
+    out: dict[str, list[dict]] = {}
     for m in store.list(kind="decision"):
-        if m.config.get("channel") == channel:
+        if only is None or m.config.get("channel") == only:
             record = json.loads((store.get(m.id) / "decision.json").read_text())
-            out.append({**record, "decision_id": m.id})
-    return sorted(out, key=lambda d: d["time"], reverse=True)
+            out.setdefault(m.config["channel"], []).append({**record, "decision_id": m.id})
+    return {c: sorted(ds, key=lambda d: d["time"], reverse=True) for c, ds in out.items()}
 
 
 def _eval_of(store: ArtifactStore, eval_ref: ArtifactRef, model_id: str, who: str) -> tuple[str, dict, float]:

@@ -17,11 +17,11 @@ The stage that made it owns it: trackers log into it but do not finish it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 
 import fsspec
 
+from posttrain.artifacts.state import is_local, local_cache
 from posttrain.config import TrackingConfig, to_dict
 
 
@@ -29,16 +29,15 @@ def run_folder(store_root: str, run_id: str) -> Path:
     """The local folder whose `wandb/` holds a pipeline run's offline wandb runs (for a remote store root:
     a cache folder on this machine; the finished runs are uploaded to `<root>/wandb/<run id>/`)."""
     fs, path = fsspec.core.url_to_fs(str(store_root))
-    if _is_local(fs):
+    if is_local(fs):
         return Path(path).resolve() / "wandb" / run_id
-    tag = hashlib.sha256(str(store_root).encode()).hexdigest()[:16]
-    return Path.home() / ".cache" / "posttrain" / "wandb" / tag / run_id
+    return local_cache("wandb", str(store_root)) / run_id
 
 
 def offline_runs(store_root: str, run_id: str) -> list[str]:
     """The offline wandb run folders of one pipeline run: local paths, or URLs under a remote store root."""
     fs, path = fsspec.core.url_to_fs(str(store_root))
-    if _is_local(fs):
+    if is_local(fs):
         return sorted(str(p) for p in (run_folder(store_root, run_id) / "wandb").glob("offline-run-*"))
     found = fs.glob(f"{path.rstrip('/')}/wandb/{run_id}/offline-run-*")
     return sorted(f"{str(store_root).rstrip('/')}/wandb/{run_id}/{f.rstrip('/').rsplit('/', 1)[-1]}" for f in found)
@@ -133,12 +132,8 @@ class WandbRun:
         self._run.finish(exit_code=1 if failed else 0)
         self._run = None
         fs, root = fsspec.core.url_to_fs(self.store_root)
-        if not _is_local(fs) and self.cfg.wandb_mode == "offline":
+        if not is_local(fs) and self.cfg.wandb_mode == "offline":
             dest = f"{root.rstrip('/')}/wandb/{self.run_id}/{folder.name}"
             fs.put(str(folder), dest, recursive=True)
             print(f"{self.stage}: wandb run uploaded to {self.store_root.rstrip('/')}/wandb/{self.run_id}/{folder.name}",
                   flush=True)
-
-
-def _is_local(fs) -> bool:
-    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))

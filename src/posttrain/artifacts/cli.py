@@ -78,20 +78,12 @@ HEADLINE = ("greedy_accuracy", "sampled_accuracy", "pass_at_k", "num_problems")
 """An eval's key metrics (sampled accuracy and pass@k exist only with eval.k > 0)."""
 
 
-def stage(m: Manifest) -> str:
-    """What made an artifact: its kind, or for a model the stage that stored it (`extra["stage"]`: base or
-    sft; RL checkpoints record their `policy_version` instead); "model" when neither says."""
-    if m.kind != "model":
-        return m.kind
-    return "rl" if "policy_version" in m.extra else m.extra.get("stage", "model")
-
-
 def _entry(m: Manifest, by_id: dict[str, Manifest]) -> dict:
     """One artifact of a run: its stage, ids, and for an eval the model it scored and its headline metrics."""
-    e = {"stage": stage(m), "id": m.id, "kind": m.kind, "name": m.name, "created": m.created}
+    e = {"stage": m.stage, "id": m.id, "kind": m.kind, "name": m.name, "created": m.created}
     if m.kind == "eval":
         model = next((by_id[p] for p in m.parents if p in by_id and by_id[p].kind == "model"), None)
-        e.update(model_id=model.id if model else None, model_stage=stage(model) if model else None,
+        e.update(model_id=model.id if model else None, model_stage=model.stage if model else None,
                  metrics={k: m.metrics[k] for k in HEADLINE if k in m.metrics})
     return e
 
@@ -184,7 +176,7 @@ def _parents(store: ArtifactStore, m: Manifest) -> list[dict]:
         except ArtifactNotFoundError:
             out.append({"id": pid, "missing": True})
             continue
-        out.append({"id": p.id, "kind": p.kind, "stage": stage(p), "name": p.name, "run_id": p.run_id,
+        out.append({"id": p.id, "kind": p.kind, "stage": p.stage, "name": p.name, "run_id": p.run_id,
                     "created": p.created})
     return out
 
@@ -193,7 +185,7 @@ def render_show(m: Manifest, parents: list[dict]) -> list[str]:
     """One artifact as text: where it came from, its key config, code version, files and every metric."""
     code = m.code
     commit = code.get("git_commit")
-    lines = [f"{m.kind} {m.id[:12]}  {m.name}", f"  id       {m.id}", f"  stage    {stage(m)}",
+    lines = [f"{m.kind} {m.id[:12]}  {m.name}", f"  id       {m.id}", f"  stage    {m.stage}",
              f"  run      {m.run_id}  created {m.created}"]
     for i, p in enumerate(parents):
         what = "(missing from the store)" if p.get("missing") else f"{p['stage']:<9} {p['name']}  (run {p['run_id']})"

@@ -126,10 +126,13 @@ class LineageIndex:
         self._build(force=True)
         return self._run(lambda con: con.execute("SELECT COUNT(*) FROM artifacts").fetchone()[0])
 
-    def ids(self, kind: str | None = None, run_id: str | None = None) -> list[str]:
+    def ids(self, kind: str | None = None, run_id: str | None = None, child_of: str | None = None) -> list[str]:
+        """Artifact ids, oldest first; filtered by kind, run and being made from the artifact `child_of`."""
         q, args = "SELECT id FROM artifacts WHERE 1=1", []
         if kind:
             q, args = q + " AND kind = ?", args + [kind]
         if run_id:
             q, args = q + " AND run_id = ?", args + [run_id]
+        if child_of:
+            q, args = q + " AND id IN (SELECT child FROM parents WHERE parent = ?)", args + [child_of]
         return self._run(lambda con: [r[0] for r in con.execute(q + " ORDER BY created, id", args)])

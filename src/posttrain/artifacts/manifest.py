@@ -35,6 +35,14 @@ class Manifest:
     files: dict = field(default_factory=dict)
     """{relative path: {"sha256": hex, "size": bytes}}."""
 
+    @property
+    def stage(self) -> str:
+        """What made the artifact: its kind, or for a model the stage that stored it (`extra["stage"]`: base or
+        sft; RL checkpoints record their `policy_version` instead); "model" when neither says."""
+        if self.kind != "model":
+            return self.kind
+        return "rl" if "policy_version" in self.extra else self.extra.get("stage", "model")
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 

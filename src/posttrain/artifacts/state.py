@@ -23,8 +23,14 @@ from pathlib import Path
 import fsspec
 
 
-def _is_local(fs) -> bool:
+def is_local(fs) -> bool:
+    """The fsspec filesystem is this machine's disk."""
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def local_cache(kind: str, url: str) -> Path:
+    """This machine's folder for what belongs to a remote URL: ~/.cache/posttrain/<kind>/<hash of the URL>."""
+    return Path.home() / ".cache" / "posttrain" / kind / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 class StateDir:
@@ -33,14 +39,10 @@ class StateDir:
     def __init__(self, location: str | os.PathLike):
         location = str(location)
         self.fs, path = fsspec.core.url_to_fs(location)
-        self.local = _is_local(self.fs)
+        self.local = is_local(self.fs)
         self.location = str(Path(path).resolve()) if self.local else location.rstrip("/")
         self._path = self.location if self.local else path.rstrip("/")
-        if self.local:
-            self.work = Path(self.location)
-        else:
-            tag = hashlib.sha256(self.location.encode()).hexdigest()[:16]
-            self.work = Path.home() / ".cache" / "posttrain" / "state" / tag
+        self.work = Path(self.location) if self.local else local_cache("state", self.location)
         self.work.mkdir(parents=True, exist_ok=True)
 
     @classmethod
@@ -64,24 +66,11 @@ class StateDir:
 
     def read_text(self, rel: str) -> str | None:
         """The file's text; None when it does not exist."""
-        try:
-            return self.fs.cat_file(self._p(rel)).decode()
-        except FileNotFoundError:
-            return None
+        return get_text(self.url(rel))
 
     def write_text(self, rel: str, text: str) -> None:
         """Atomic: readers see the old content or the new, never part of it."""
-        if self.local:
-            dst = Path(self._p(rel))
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dst)
-        else:
-            self.fs.pipe_file(self._p(rel), text.encode())  # one PUT: atomic on object stores
+        put_text(self.url(rel), text)
 
     def names(self, prefix: str) -> list[str]:
         """Sorted names of the entries directly in this folder that start with `prefix`."""
@@ -106,11 +95,42 @@ class StateDir:
             shutil.rmtree(self.work)
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write a local text file through a temporary name, fsynced, renamed into place: readers see the old
+    content or the new, never part of it."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def get_text(url: str) -> str | None:
+    """A small text file at a path or URL; None when it does not exist."""
+    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        return fs.cat_file(path).decode()
+    except FileNotFoundError:
+        return None
+
+
+def put_text(url: str, text: str) -> None:
+    """Write a small text file at a path or URL atomically - readers see the old content or the new, never
+    part of it: locally through `write_atomic`, remotely as one PUT (atomic on object stores)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    if is_local(fs):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(path), text)
+    else:
+        fs.pipe_file(path, text.encode())
+
+
 def write_file(url: str, write: Callable[[str], None]) -> None:
     """Write one file at a path or URL with a writer that wants a local path (safetensors, torch.save):
     locally into a temporary name renamed into place; remotely into a local temporary file then uploaded."""
     fs, path = fsspec.core.url_to_fs(url)
-    if _is_local(fs):
+    if is_local(fs):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
         write(tmp)
@@ -125,7 +145,7 @@ def write_file(url: str, write: Callable[[str], None]) -> None:
 def read_file(url: str, read: Callable[[str], object]) -> object:
     """`read(local path)` of a file at a path or URL (downloaded to a temporary file when remote)."""
     fs, path = fsspec.core.url_to_fs(url)
-    if _is_local(fs):
+    if is_local(fs):
         return read(path)
     with tempfile.TemporaryDirectory(prefix="posttrain-download-") as d:
         local = os.path.join(d, os.path.basename(path))

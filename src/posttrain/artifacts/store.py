@@ -48,6 +48,7 @@ from posttrain.artifacts.hashing import artifact_id, sha256_stream
 from posttrain.artifacts.hashing import cache_key as _cache_key
 from posttrain.artifacts.index import LineageIndex
 from posttrain.artifacts.manifest import KINDS, Manifest
+from posttrain.artifacts.state import is_local
 
 
 def default_root() -> str:
@@ -75,7 +76,7 @@ class ArtifactStore:
     def __init__(self, root: str | os.PathLike | None = None):
         root = str(root) if root is not None else default_root()
         self.fs, self._path = fsspec.core.url_to_fs(root)
-        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        self.local = is_local(self.fs)
         self.root = str(Path(self._path).resolve()) if self.local else root
         if self.local:
             Path(self.root).mkdir(parents=True, exist_ok=True)
@@ -296,8 +297,10 @@ class ArtifactStore:
 
     # ------------------------------------------------------------------------------------- query
 
-    def list(self, kind: str | None = None, run_id: str | None = None) -> list[Manifest]:
-        return [self.manifest(i) for i in self.index.ids(kind=kind, run_id=run_id) if self.exists(i)]
+    def list(self, kind: str | None = None, run_id: str | None = None, child_of: str | None = None) -> list[Manifest]:
+        """Manifests, oldest first; `child_of`: only artifacts made from that one (it is among their parents)."""
+        return [self.manifest(i) for i in self.index.ids(kind=kind, run_id=run_id, child_of=child_of)
+                if self.exists(i)]
 
     def lineage(self, ref_or_id: ArtifactRef | str) -> LineageNode:
         def node(id_: str, seen: frozenset) -> LineageNode:

@@ -29,7 +29,7 @@ from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.eval.report import EvalReport
 from posttrain.models.generate import generate
 from posttrain.models.io import eos_token_ids, load_model, load_tokenizer
-from posttrain.progress import PROGRESS_EVERY_S, Progress
+from posttrain.progress import Progress
 from posttrain.rewards import RewardSample, RewardScorer
 
 FAILURE_EXAMPLES = 5
@@ -92,7 +92,7 @@ def _progress(what: str) -> Callable[[int, int], None]:
     state: dict = {}
 
     def on_batch(done: int, total: int) -> None:
-        p = state.setdefault("p", Progress(total, every_s=PROGRESS_EVERY_S, unit="sample"))
+        p = state.setdefault("p", Progress(total, unit="sample"))
         if p.due(done):
             print(f"eval {what}: {p.stats(done)}", flush=True)
     return on_batch

@@ -17,16 +17,11 @@ def render_page(store: ArtifactStore, artifact_id: str, *, standalone: bool = Tr
     from posttrain.report.html import document
 
     m = store.manifest(artifact_id)
+    by_stage = {"dataset": pages.dataset_page, "sft": pages.sft_page, "rl": pages.rl_page, "eval": pages.eval_page}
     if m.kind == "decision":
         fragment = pages.promotion_page(json.loads((store.get(m.id) / "decision.json").read_text()))
-    elif m.kind == "dataset":
-        fragment = pages.dataset_page(store, m.id)
-    elif m.kind == "eval":
-        fragment = pages.eval_page(store, m.id)
-    elif m.kind == "model" and "policy_version" in m.extra:
-        fragment = pages.rl_page(store, m.id)
-    elif m.kind == "model" and m.extra.get("stage") == "sft":
-        fragment = pages.sft_page(store, m.id)
+    elif m.stage in by_stage:
+        fragment = by_stage[m.stage](store, m.id)
     else:
         fragment = pages.artifact_page(m)
     return document(fragment, f"{m.kind} {m.name}") if standalone else fragment

@@ -160,8 +160,8 @@ def _rates(r: EvalReport) -> dict[str, tuple[float, tuple[float, float]]]:
 def _start_eval(store: ArtifactStore, ev: Manifest) -> Manifest | None:
     """The newest eval of this eval's model's start model on the same dataset, if the store holds one."""
     start = store.manifest(ev.config["model_id"]).extra.get("start_model") if ev.config.get("model_id") else None
-    found = [e for e in store.list(kind="eval") if start in e.parents
-             and e.config.get("dataset_id") == ev.config.get("dataset_id")] if start else []
+    found = [e for e in store.list(kind="eval", child_of=start)
+             if e.config.get("dataset_id") == ev.config.get("dataset_id")] if start else []
     return max(found, key=lambda e: e.created) if found else None
 
 
@@ -207,17 +207,17 @@ def promotion_page(decision: dict) -> str:
     eval_dataset_ids and tolerance): the verdict, and the candidate's greedy accuracy on each set against the
     bar and the current holder's."""
     holder = decision.get("holder")
-    cand = decision.get("greedy_accuracies") or [decision["greedy_accuracy"]]
+    cand = decision["greedy_accuracies"]
     sets = ["pinned set"] + [f"guard set {i}" for i in range(1, len(cand))]
     series = {"candidate": cand}
     if holder:
-        series["current holder"] = holder.get("greedy_accuracies") or [holder["greedy_accuracy"]]
+        series["current holder"] = holder["greedy_accuracies"]
     verdict = '<p class="ok">promoted</p>' if decision["promoted"] else '<p class="bad">not promoted</p>'
     body = section("decision", f"Channel {decision['channel']}", verdict, note(decision["reason"]),
                    charts.bar_chart("promotion", "Greedy accuracy per eval set", sets, series, ylabel="fraction correct",
                                     hline=("min accuracy", decision["min_accuracy"])),
                    key_values({"model": decision["model_id"], "eval": decision["eval_id"],
-                               "min accuracy": decision["min_accuracy"], "tolerance": decision.get("tolerance"),
+                               "min accuracy": decision["min_accuracy"], "tolerance": decision["tolerance"],
                                "holder model": holder["model_id"] if holder else None, "time": decision.get("time")}))
     return page(f"Promotion to {decision['channel']}", [body])
 

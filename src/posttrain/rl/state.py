@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
-from posttrain.artifacts.state import StateDir
+from posttrain.artifacts.state import StateDir, write_atomic
 from posttrain.config import RewardConfig
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages
@@ -147,15 +147,6 @@ def _log_row(line: str) -> dict | None:
     return row if isinstance(row, dict) and "step" in row else None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class Checkpointer:
     """Writes model artifacts + resumable training state; restores the newest committed state.
 
@@ -192,7 +183,7 @@ class Checkpointer:
             return
         keep = [line for line in self.log_path.read_text().splitlines()
                 if (row := _log_row(line)) is not None and row["step"] <= last_step]
-        _write_atomic(self.log_path, "".join(line + "\n" for line in keep))
+        write_atomic(self.log_path, "".join(line + "\n" for line in keep))
 
     # ----------------------------------------------------------------------------------- save
 
