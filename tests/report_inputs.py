@@ -77,3 +77,18 @@ def decision(promoted: bool = True) -> dict:
             "holder": {"model_id": "c" * 64, "eval_ids": ["1" * 64, "2" * 64], "greedy_accuracy": 0.6,
                        "greedy_accuracies": [0.6, 0.61]},
             "promoted": promoted, "reason": "greedy accuracy 0.750 >= 0.500 and not below the holder's on any set"}
+
+
+EXPECTED = {
+    "dataset": {"rows": {"train", "eval", "duplicates"}, "prompt-length": {"train", "eval"},
+                "completion-length": {"train", "eval"}},
+    "sft": {"loss": {"loss"}, "lr": {"lr"}, "grad-norm": {"grad-norm"}, "tokens-per-s": {"tokens-per-s"}},
+    "rl": {"reward": {"reward-mean", "reward-std", "accuracy"}, "kl": {"kl"}, "entropy": {"entropy"},
+           "response-length": {"response-len-mean"}, "clip-fraction": {"clip-fraction"}, "drift": {"drift"},
+           "policy-version": {"policy-version"}, "reward-failures": {"reward-failures"},
+           "phases": {"rollout", "reward", "reference", "advantages", "update", "sync", "other"},
+           "overhead": {"orchestration-overhead"}},
+    "eval": {"accuracy": {"this-model", "this-model-ci", "start-model", "start-model-ci"}},
+    "promotion": {"promotion": {"candidate", "current-holder", "min-accuracy"}},
+}
+"""{page: {chart: series it must draw}}; every chart a page has must be listed."""

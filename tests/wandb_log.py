@@ -7,6 +7,7 @@ one serialized `wandb.proto.wandb_internal_pb2.Record`.
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -36,3 +37,23 @@ def records(path: str | Path) -> list:
             out.append(r)
             pieces = []
     return out
+
+
+def read_run(folder: Path) -> dict:
+    """One offline run folder -> its run record, merged config (updates applied in order), summary, history."""
+    run, config, summary, history = None, {}, {}, []
+    for r in records(next(Path(folder).glob("run-*.wandb"))):
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            run = r.run
+            config.update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+        elif kind == "config":
+            config.update({i.key: json.loads(i.value_json) for i in r.config.update})
+        elif kind == "summary":
+            summary.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.summary.update})
+        elif kind == "history":
+            history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item})
+    if run is None:  # a run whose process was killed before wandb wrote its records
+        return {}
+    return {"group": run.run_group, "job_type": run.job_type, "name": run.display_name, "id": run.run_id,
+            "config": config, "summary": summary, "history": history}

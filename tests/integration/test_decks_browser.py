@@ -14,25 +14,12 @@ import pytest
 
 from posttrain.report import pages
 from posttrain.report.html import document
-from tests.report_inputs import build_store, decision
+from tests.report_inputs import EXPECTED, build_store, decision
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
-EXPECTED = {
-    "dataset": {"rows": {"train", "eval", "duplicates"}, "prompt-length": {"train", "eval"},
-                "completion-length": {"train", "eval"}},
-    "sft": {"loss": {"loss"}, "lr": {"lr"}, "grad-norm": {"grad-norm"}, "tokens-per-s": {"tokens-per-s"}},
-    "rl": {"reward": {"reward-mean", "reward-std", "accuracy"}, "kl": {"kl"}, "entropy": {"entropy"},
-           "response-length": {"response-len-mean"}, "clip-fraction": {"clip-fraction"}, "drift": {"drift"},
-           "policy-version": {"policy-version"}, "reward-failures": {"reward-failures"},
-           "phases": {"rollout", "reward", "reference", "update", "sync", "other"},
-           "overhead": {"orchestration-overhead"}},
-    "eval": {"accuracy": {"this-model", "this-model-ci", "start-model", "start-model-ci"}},
-    "promotion": {"promotion": {"candidate", "current-holder", "min-accuracy"}},
-}
-"""{page: {chart: series it must draw}}; every chart a page has must be listed."""
 
 _CHARTS_JS = """() => [...document.querySelectorAll('figure.chart')].filter(f => f.offsetParent !== null).map(f => {
     const box = f.querySelector('svg').getBoundingClientRect();

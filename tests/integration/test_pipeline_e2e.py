@@ -44,7 +44,7 @@ def test_full_pipeline_and_lineage(tmp_path, monkeypatch, capfd):
 
     # One offline wandb run per stage, grouped by the run id, each naming its inputs and outputs; the summary
     # says where they are and how to upload them.
-    from tests.integration.test_wandb_runs import read_run
+    from tests.wandb_log import read_run
 
     folder = tmp_path / "home" / "wandb" / "e2e" / "wandb"
     runs = [read_run(f) for f in sorted(folder.glob("offline-run-*"))]

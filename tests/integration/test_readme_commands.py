@@ -107,7 +107,7 @@ def test_every_readme_command_runs_as_written_or_is_covered_elsewhere(tmp_path):
     assert set(ids) == {"sft", "rl"}, run.stdout[-2000:]
     # promote needs a channel that pins its eval set first - the README's `--pin DATASET` form does it
     pin = _sh(f".venv/bin/posttrain promote {ids['sft'][:12]} production --pin {dataset[:12]}", env)
-    assert pin.returncode in (0, 3), pin.stdout + pin.stderr
+    assert pin.returncode in (0, 3) and re.search(r"^(promoted|refused): ", pin.stdout, re.MULTILINE), pin.stdout + pin.stderr
 
     for cmd in [*to_run, REGISTER]:
         filled = _fill(cmd, ids)
@@ -116,8 +116,11 @@ def test_every_readme_command_runs_as_written_or_is_covered_elsewhere(tmp_path):
         out = _sh(filled, env)
         ok = (0, 3) if " promote " in filled else (0,)  # promote: 3 is a refusal, an answer like a promotion
         assert out.returncode in ok, f"{filled}\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
-        if "--json" in filled:
+        if " promote " in filled:
+            assert re.search(r"^(promoted|refused): ", out.stdout, re.MULTILINE), out.stdout
+        if "--json" in filled:  # one JSON document about this run's artifacts
             json.loads(out.stdout)
+            assert ids["sft"] in out.stdout or ids["rl"] in out.stdout, out.stdout[:2000]
         if "wandb sync" in filled:
             assert "Would sync 4 run(s)" in out.stdout + out.stderr, out.stdout + out.stderr
         if "register" in filled:

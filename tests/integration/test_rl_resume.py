@@ -35,7 +35,8 @@ res = run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=PlacementConfi
              dataset_dir=a["dataset_dir"], store_root=a["store"], run_id="resume-test", parents=a["parents"],
              state_dir=a["state_dir"], start_model_id=a["parents"][0])
 print("RESULT " + json.dumps({"model": res.model.id, "steps": res.steps,
-                              "versions": [m.policy_version for m in res.history]}), flush=True)
+                              "versions": [m.policy_version for m in res.history],
+                              "history": [m.flat() for m in res.history]}), flush=True)
 """
 
 
@@ -79,12 +80,15 @@ def test_sigkill_after_first_checkpoint_then_resume(ray_local, tiny_sft_model, t
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     assert state.read_text("LATEST") == "step-000002"
+    saved = json.loads(state.read_text("step-000002/controller.json"))["history"]  # the killed run's steps 1-2
 
     _wait_released(ray_local)  # Ray reaps the dead driver's actors and placement groups
     second = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180, env=node("node-b"))
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-4000:]
     result = json.loads(second.stdout.split("RESULT ", 1)[1])
     assert result["steps"] == 4 and result["versions"] == [1, 2, 3, 4]
+    # resumed, not started over: steps 1-2 are the killed run's own (their measured timings included)
+    assert len(saved) == 2 and result["history"][:2] == saved
     # each update exactly once, though step 3 may have run before the kill (the log committed with the last
     # checkpoint; locally also the live log)
     logs = [state.read_text("step-000004/steps.jsonl")] + ([(tmp_path / "store/state/rl/resume-test/steps.jsonl")

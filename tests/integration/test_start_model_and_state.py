@@ -9,18 +9,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import stage_script
 
 SCRIPT = r"""
 import json, shutil, sys
@@ -66,16 +61,11 @@ print("RESULT" + json.dumps(out))
 
 
 def _start(home: Path, fixture: dict, mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(home), str(fixture["model_dir"]),
-                             str(fixture["dataset_dir"]), mode], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return stage_script.start(SCRIPT, home, fixture, mode)
 
 
 def _run(home: Path, fixture: dict, mode: str) -> tuple[dict, str]:
-    proc = _start(home, fixture, mode)
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
-    return json.loads(stdout.split("RESULT")[1]), stdout
+    return stage_script.run(SCRIPT, home, fixture, mode)
 
 
 @pytest.mark.timeout(1500)  # the first user of the shared fixture trains it (a few minutes)
@@ -114,19 +104,10 @@ def test_sft_state_survives_a_killed_run_and_the_rerun_resumes_then_deletes_it(t
 
     home = tmp_path / "home"
     proc = _start(home, tiny_sft_model, "long")
-    deadline = time.time() + 300
-    while not list((home / "state" / "sft").glob("*/step-*[0-9]/meta.json")):  # a committed state save
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
-    time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-    saved = sorted(p.parent for p in (home / "state" / "sft").glob("*/step-*[0-9]/meta.json"))  # a kill mid-save
-    # leaves a newer step folder without meta.json: never loaded
-    assert saved, "the killed run's state was deleted"
-    last = int(saved[-1].name.split("-")[1])
+    last = stage_script.kill_after_first_sft_save(proc, home)  # a kill mid-save leaves a newer step folder
+    # without meta.json: never loaded
     out, stdout = _run(home, tiny_sft_model, "long")
-    first_logged = int(re.search(r"^step (\d+):", stdout, re.M).group(1))
+    first_logged = int(re.search(r"^step (\d+):", stdout, re.MULTILINE).group(1))
     assert first_logged == last >= 1  # resumed from the newest saved step (a fresh start logs step 0)
     assert f"sft: resuming at step {last} of saved state " in stdout  # and said so
     assert out["state"] == []

@@ -7,18 +7,14 @@ The run files are read back with tests/wandb_log.py (wandb's own record format).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.wandb_log import records
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests import stage_script
+from tests.wandb_log import read_run
 
 SCRIPT = r"""
 import json, sys
@@ -42,36 +38,11 @@ print("RESULT" + json.dumps({"dataset": data.id, "start": start.id, "model": mod
 
 
 def _start(home: Path, fixture: dict, mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(home), str(fixture["model_dir"]),
-                             str(fixture["dataset_dir"]), mode], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return stage_script.start(SCRIPT, home, fixture, mode)
 
 
 def _run(home: Path, fixture: dict, mode: str) -> tuple[dict, str]:
-    proc = _start(home, fixture, mode)
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
-    return json.loads(stdout.split("RESULT")[1]), stdout
-
-
-def read_run(folder: Path) -> dict:
-    """One offline run folder -> its run record, merged config (updates applied in order), summary, history."""
-    run, config, summary, history = None, {}, {}, []
-    for r in records(next(folder.glob("run-*.wandb"))):
-        kind = r.WhichOneof("record_type")
-        if kind == "run":
-            run = r.run
-            config.update({i.key: json.loads(i.value_json) for i in r.run.config.update})
-        elif kind == "config":
-            config.update({i.key: json.loads(i.value_json) for i in r.config.update})
-        elif kind == "summary":
-            summary.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.summary.update})
-        elif kind == "history":
-            history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item})
-    if run is None:  # a run whose process was killed before wandb wrote its records
-        return {}
-    return {"group": run.run_group, "job_type": run.job_type, "name": run.display_name, "id": run.run_id,
-            "config": config, "summary": summary, "history": history}
+    return stage_script.run(SCRIPT, home, fixture, mode)
 
 
 def _runs(home: Path) -> list[dict]:
@@ -129,23 +100,17 @@ def test_tracking_wandb_false_writes_no_run(tmp_path, tiny_sft_model):
 def test_a_resumed_sft_continues_the_same_wandb_run(tmp_path, tiny_sft_model):
     home = tmp_path / "home"
     proc = _start(home, tiny_sft_model, "long")
-    deadline = time.time() + 300
-    while not list((home / "state" / "sft").glob("*/step-*[0-9]/meta.json")):  # a committed state save
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-        time.sleep(0.05)
-    time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(30)
+    last = stage_script.kill_after_first_sft_save(proc, home)
     ids, stdout = _run(home, tiny_sft_model, "long")
-    assert "sft: resuming at step" in stdout
+    assert f"sft: resuming at step {last} of saved state " in stdout
     # The killed attempt's folder and the resumed one carry the same run id (wandb names the folder after it;
     # what the killed attempt's wandb process still buffered is lost with it - measured: only the file header).
     folders = sorted((home / "wandb" / "night-1" / "wandb").glob("offline-run-*"))
     sft = [r for r in _runs(home) if r.get("job_type") == "sft"]
     assert len(sft) == 1 and sft[0]["config"]["posttrain"]["outputs"] == {"model": ids["model"]}
     assert [f.name.rsplit("-", 1)[1] for f in folders].count(sft[0]["id"]) == 2
-    first = min(h["_step"] for h in sft[0]["history"] if "loss" in h)
-    assert first >= 1  # the resumed attempt logs from where the state was saved, not from step 0
+    logged = [h["_step"] for h in sft[0]["history"] if "loss" in h]
+    assert logged == list(range(last, 300))  # from where the state was saved (not step 0) to the end, each once
 
 
 @pytest.mark.timeout(300)
@@ -176,4 +141,5 @@ def test_with_a_remote_store_root_the_offline_run_is_uploaded_under_it(tmp_path,
     fs.get(path, str(local), recursive=True)
     got = read_run(local)
     assert got["group"] == "night-2" and got["config"]["posttrain"]["outputs"] == {"model": "m" * 64}
+    assert [h["loss"] for h in got["history"] if "loss" in h] == [1.5]
     assert got["config"]["posttrain"]["lineage"][0]["id"] == data.id
