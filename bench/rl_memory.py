@@ -31,8 +31,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHM_GLOB = "posttrain-weights-*"
 """Policy -> rollout weight files in shared memory (posttrain.rl.weight_transfer): RAM that no process's PSS
 shows unless it has the file mapped (a rollout worker reading it does), so the sampler adds the part of their
-size that no process maps (size - the PSS of every mapping of them) as a row of its own. Counted once either way.
-shows unless it has the file mapped, so the sampler adds their size as a row of its own."""
+size that no process maps (size - the PSS of every mapping of them) as a row of its own. Counted once either way."""
 
 ROLES = (("PolicyWorker", "policy"), ("RolloutWorker", "rollout"), ("ReferenceWorker", "reference"),
          ("RewardWorker", "reward"), ("ControllerActor", "controller"), ("reward_process", "reward function"),

@@ -121,7 +121,7 @@ def small_instruct_cpu() -> PipelineConfig:
     - placement: ONE policy rank and one rollout worker, each with torch_threads 2 (colocated roles take turns
       by phase, so each has both cores while it computes). Two policy ranks on 2 cores split the same compute
       but each holds the whole weights and gradients: bench/rl_memory.py, 3 steps, peak summed PSS
-      8.61 GiB with 2 ranks x 1 thread (3 steps), 5.78 GiB with 1 rank x 2 threads (20 steps). Give a larger machine more
+      8.61 GiB with 2 ranks x 1 thread (3 steps), 5.27 GiB with 1 rank x 2 threads (20 steps). Give a larger machine more
       ranks (placement.policy_workers) and set torch_threads to cores / ranks.
     - rl.kl_coef 0 (off): a reference model is another ~1 GB process and one more forward per step, and
       20 steps at 1e-6 stay close to the start. Set it to ~0.02 for long runs or rewards that can be gamed.

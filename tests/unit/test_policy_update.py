@@ -93,6 +93,21 @@ def test_policy_update_gates_stop_before_the_optimizer_step(folders, world_of_on
     assert res["applied"] and res["drift"] < 1e-4 and w.version == 1 and w.checksum() != before
 
 
+def test_a_one_rank_policy_keeps_no_gradients_between_updates(folders, world_of_one):
+    """With one rank there is nothing to all-reduce: the model is not wrapped in DDP (whose buckets would keep
+    the gradients' memory between updates) and after an update no parameter holds a gradient."""
+    from posttrain.rl.roles.policy import PolicyWorker
+
+    rl = RLConfig(temperature=1.0, lr=1e-3)
+    b = _policy_batch(folders, rl)
+    w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
+    w.setup_process_group("127.0.0.1", 0, 60)
+    assert not isinstance(w.ddp, torch.nn.parallel.DistributedDataParallel)
+    res = w.update(b, global_tokens=sum(len(r) for r in b.response_ids), global_seqs=6, n_micro=2)
+    assert res["applied"] and res["grad_norm"] > 0
+    assert all(p.grad is None for p in w.model.parameters())
+
+
 @pytest.mark.parametrize("parallelism", [Parallelism.DDP, Parallelism.FSDP2])
 def test_gradient_checkpointing_same_sft_loss_and_gradients(folders, world_of_one, parallelism):
     from posttrain.sft.trainer import train_step, wrap
