@@ -102,7 +102,7 @@ def test_a_one_rank_policy_keeps_no_gradients_between_updates(folders, world_of_
     b = _policy_batch(folders, rl)
     w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
     w.setup_process_group("127.0.0.1", 0, 60)
-    assert not isinstance(w.ddp, torch.nn.parallel.DistributedDataParallel)
+    assert w.net is w.model and not isinstance(w.net, torch.nn.parallel.DistributedDataParallel)
     res = w.update(b, global_tokens=sum(len(r) for r in b.response_ids), global_seqs=6, n_micro=2)
     assert res["applied"] and res["grad_norm"] > 0
     assert all(p.grad is None for p in w.model.parameters())

@@ -102,7 +102,9 @@ class PolicyWorker:
         """The dtype the weights are handed to rollout workers in (bf16 when they generate in bf16)."""
         self.tok = load_tokenizer(model_dir)
         self.version = 0
-        self.ddp = None
+        self.net: torch.nn.Module | None = None
+        """What the update's forward runs through (set when the rank joins its group): DDP around the model with
+        more than one rank, the model itself with one."""
         self.opt: torch.optim.Optimizer | None = None
         """Built when the rank joins its group (`setup_process_group`): the sharded optimizer needs the group."""
 
@@ -141,11 +143,11 @@ class PolicyWorker:
             dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                     world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))
         if self.world > 1:
-            self.ddp = torch.nn.parallel.DistributedDataParallel(
+            self.net = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
         else:  # nothing to all-reduce; DDP's buckets would keep a second home for the gradients between updates
-            self.ddp = self.model
+            self.net = self.model
         kw = {"lr": self.cfg.lr, "betas": (0.9, 0.99), "weight_decay": 0.0}
         self.opt = (ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=torch.optim.AdamW, **kw)
                     if self.world > 1 else torch.optim.AdamW(self.model.parameters(), **kw))
@@ -184,10 +186,10 @@ class PolicyWorker:
             for m in range(n_micro):
                 lo, hi = bounds[m], bounds[m + 1]
                 sync = m == n_micro - 1
-                with (self.ddp.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
+                with (self.net.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
                     with self._autocast():
                         logits, targets, mask = forward_response_logits(
-                            self.ddp, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi], self.tok.pad_token_id)
+                            self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi], self.tok.pad_token_id)
                     logp = sampling_logprobs(logits, targets, cfg.temperature, cfg.top_p, cfg.top_k)  # (b, R) fp32
                     old = _pad(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
                     ref = _pad(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
