@@ -184,40 +184,14 @@ class PolicyWorker:
         grad_norm, drift_sum, drift_tok = 0.0, 0.0, 0.0
         for epoch in range(cfg.inner_epochs):
             for m in range(n_micro):
-                lo, hi = bounds[m], bounds[m + 1]
-                sync = m == n_micro - 1
-                with (self.net.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
-                    with self._autocast():
-                        logits, targets, mask = forward_response_logits(
-                            self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi], self.tok.pad_token_id)
-                    logp = sampling_logprobs(logits, targets, cfg.temperature, cfg.top_p, cfg.top_k)  # (b, R) fp32
-                    old = _pad(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
-                    ref = _pad(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
-                    adv = torch.tensor(shard.advantages[lo:hi], dtype=torch.float32, device=self.device)
-                    loss, st = grpo.policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                                loss_agg=cfg.loss_agg, ref_logp=ref, kl_coef=cfg.kl_coef,
-                                                kl_estimator=cfg.kl_estimator, normalizer=norm)
-                    (loss * self.world).backward()
+                out = self._backward(shard, bounds[m], bounds[m + 1], norm, sync=m == n_micro - 1)
                 if epoch == 0:
-                    with torch.no_grad():
-                        drift_sum += float(((logp.detach() - old).abs() * mask).sum())
-                        drift_tok += float(mask.sum())
-                        ent = entropy_from_logits(logits.detach(), cfg.temperature)
-                    k = st.tokens
-                    sums["loss"] += float(loss.detach())
-                    sums["pg"] += st.pg_loss * k
-                    sums["kl"] += st.kl * k
-                    sums["clip"] += st.clip_fraction * k
-                    sums["ent"] += float((ent * mask).sum())
-                    sums["tok"] += k
+                    d, k = self._record(sums, *out)
+                    drift_sum, drift_tok = drift_sum + d, drift_tok + k
             if epoch == 0:
-                drift = self._group_mean(drift_sum, drift_tok)
-                if not drift <= drift_threshold:  # NaN fails too
-                    return self._stopped(sums, t0, drift, f"drift {drift:.4g} > rl.drift_threshold {drift_threshold:g}")
-                group_loss = self._group_mean(sums["loss"], 1.0)  # a non-finite loss on any rank stops every rank
-                if not math.isfinite(group_loss):  # (later epochs: their gradient norm is the gate)
-                    return self._stopped(sums, t0, drift, f"loss is {group_loss} (policy group; rank {self.rank}'s "
-                                                          f"{sums['loss']:.4g})")
+                drift, why = self._first_epoch_gates(sums, drift_sum, drift_tok, drift_threshold)
+                if why:
+                    return self._stopped(sums, t0, drift, why)
             max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
             if not math.isfinite(grad_norm):
@@ -231,6 +205,51 @@ class PolicyWorker:
         return_free_memory()
         return {**sums, "grad_norm": grad_norm, "version": self.version, "drift": drift, "applied": True,
                 "stopped": "", "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+
+    def _backward(self, shard: TrainBatch, lo: int, hi: int, norm: float, sync: bool) -> tuple:
+        """Forward, GRPO loss and backward of rows lo:hi of the shard; DDP all-reduces the gradients only when
+        `sync` (the last micro-batch). Returns (logits, log-probs, rollout log-probs, mask, loss, loss stats)."""
+        cfg = self.cfg
+        with (self.net.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
+            with self._autocast():
+                logits, targets, mask = forward_response_logits(
+                    self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi], self.tok.pad_token_id)
+            logp = sampling_logprobs(logits, targets, cfg.temperature, cfg.top_p, cfg.top_k)  # (b, R) fp32
+            old = _pad(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
+            ref = _pad(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
+            adv = torch.tensor(shard.advantages[lo:hi], dtype=torch.float32, device=self.device)
+            loss, st = grpo.policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                        loss_agg=cfg.loss_agg, ref_logp=ref, kl_coef=cfg.kl_coef,
+                                        kl_estimator=cfg.kl_estimator, normalizer=norm)
+            (loss * self.world).backward()
+        return logits, logp, old, mask, loss, st
+
+    def _record(self, sums: dict, logits, logp, old, mask, loss, st) -> tuple[float, float]:
+        """Add a first-epoch micro-batch's loss statistics and entropy to `sums`; return its drift sum
+        (|policy - rollout| log-prob over its tokens) and token count."""
+        with torch.no_grad():
+            drift = float(((logp.detach() - old).abs() * mask).sum())
+            ent = entropy_from_logits(logits.detach(), self.cfg.temperature)
+        k = st.tokens
+        sums["loss"] += float(loss.detach())
+        sums["pg"] += st.pg_loss * k
+        sums["kl"] += st.kl * k
+        sums["clip"] += st.clip_fraction * k
+        sums["ent"] += float((ent * mask).sum())
+        sums["tok"] += k
+        return drift, float(mask.sum())
+
+    def _first_epoch_gates(self, sums: dict, drift_sum: float, drift_tok: float, threshold: float
+                           ) -> tuple[float, str]:
+        """(the group's mean drift, why the update must stop - "" when it may go on). Every rank computes the
+        same answer: drift and loss are all-reduced over the group."""
+        drift = self._group_mean(drift_sum, drift_tok)
+        if not drift <= threshold:  # NaN fails too
+            return drift, f"drift {drift:.4g} > rl.drift_threshold {threshold:g}"
+        group_loss = self._group_mean(sums["loss"], 1.0)  # a non-finite loss on any rank stops every rank
+        if not math.isfinite(group_loss):  # (later epochs: their gradient norm is the gate)
+            return drift, f"loss is {group_loss} (policy group; rank {self.rank}'s {sums['loss']:.4g})"
+        return drift, ""
 
     def _group_mean(self, total: float, count: float) -> float:
         """sum(total) / sum(count) over the policy group's ranks."""
