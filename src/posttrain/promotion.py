@@ -51,14 +51,19 @@ def _channels_dir(store: ArtifactStore) -> tuple[fsspec.AbstractFileSystem, str]
     return fs, f"{root.rstrip('/')}/channels"
 
 
+def _channel_file(store: ArtifactStore, rel: str) -> str:
+    """Path or URL of `channels/<rel>` under the store's root."""
+    return f"{str(store.root).rstrip('/')}/channels/{rel}"
+
+
 def _read_json(store: ArtifactStore, rel: str) -> dict | None:
-    text = get_text(f"{str(store.root).rstrip('/')}/channels/{rel}")
+    text = get_text(_channel_file(store, rel))
     return json.loads(text) if text is not None else None
 
 
 def _write_json(store: ArtifactStore, rel: str, data: dict) -> None:
     """Readers see the old file or the new one (artifacts.state.put_text)."""
-    put_text(f"{str(store.root).rstrip('/')}/channels/{rel}", json.dumps(data))
+    put_text(_channel_file(store, rel), json.dumps(data))
 
 
 def current(channel: str, store: ArtifactStore | None = None) -> dict | None:
