@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import importlib.util
 
-from posttrain.config.enums import Algorithm, RolloutBackend
+from posttrain.config.enums import Algorithm, DistillLoss, DPOLoss, RolloutBackend
 from posttrain.config.errors import ConfigError
 from posttrain.config.sections import (
     DataConfig,
+    DistillConfig,
+    DPOConfig,
     EvalConfig,
     ModelConfig,
+    PairsConfig,
     PipelineConfig,
     PlacementConfig,
     RewardConfig,
@@ -25,6 +28,13 @@ def validate(cfg: PipelineConfig) -> PipelineConfig:
     _check_data(cfg.data)
     _check_model(cfg.model, cfg.data)
     _check_sft(cfg.sft, cfg.model)
+    _check_trainer(cfg.dpo, "dpo")
+    _check_dpo(cfg.dpo)
+    _check_trainer(cfg.reward_model, "reward_model")
+    _check(cfg.reward_model.center_rewards_coef >= 0, "reward_model.center_rewards_coef", "must be >= 0")
+    _check_trainer(cfg.distill, "distill")
+    _check_distill(cfg.distill)
+    _check_pairs(cfg.pairs, cfg.model)
     _check_eval(cfg.eval, cfg.model)
     _check_rl(cfg.rl, cfg.model)
     _check_reward(cfg.reward)
@@ -78,17 +88,52 @@ def _check_sft(s: SFTConfig, m: ModelConfig) -> None:
     if not s.enabled:
         _check(bool(m.base_path or m.artifact), "sft.enabled",
                "false needs a model to start from: set model.base_path (a local HF folder) or model.artifact")
-    _check(s.steps >= 1, "sft.steps", "must be >= 1")
-    _check(s.nproc >= 1, "sft.nproc", "must be >= 1")
-    _check(s.micro_batch_size >= 1, "sft.micro_batch_size", "must be >= 1")
-    _check(s.global_batch_size % (s.micro_batch_size * s.nproc) == 0, "sft.global_batch_size",
-           f"must be a multiple of sft.micro_batch_size * sft.nproc = {s.micro_batch_size * s.nproc}")
-    _check(s.lr > 0, "sft.lr", "must be > 0")
-    _check(0 <= s.min_lr_ratio <= 1, "sft.min_lr_ratio", "must be in [0, 1]")
-    _check(0 <= s.warmup_steps < s.steps, "sft.warmup_steps", "must be in [0, sft.steps)")
-    _check(s.max_grad_norm >= 0, "sft.max_grad_norm", "must be >= 0")
-    _check(s.save_every >= 0, "sft.save_every", "must be >= 0")
-    _check(s.pack_length == 0 or s.pack_length >= 8, "sft.pack_length", "must be 0 (model.max_seq_len) or >= 8")
+    _check_trainer(s, "sft")
+
+
+def _check_trainer(s: SFTConfig, name: str) -> None:
+    """The trainer settings every dense objective shares, named under its section (sft, dpo, ...)."""
+    _check(s.steps >= 1, f"{name}.steps", "must be >= 1")
+    _check(s.nproc >= 1, f"{name}.nproc", "must be >= 1")
+    _check(s.micro_batch_size >= 1, f"{name}.micro_batch_size", "must be >= 1")
+    _check(s.global_batch_size % (s.micro_batch_size * s.nproc) == 0, f"{name}.global_batch_size",
+           f"must be a multiple of {name}.micro_batch_size * {name}.nproc = {s.micro_batch_size * s.nproc}")
+    _check(s.lr > 0, f"{name}.lr", "must be > 0")
+    _check(0 <= s.min_lr_ratio <= 1, f"{name}.min_lr_ratio", "must be in [0, 1]")
+    _check(0 <= s.warmup_steps < s.steps, f"{name}.warmup_steps", f"must be in [0, {name}.steps)")
+    _check(s.max_grad_norm >= 0, f"{name}.max_grad_norm", "must be >= 0")
+    _check(s.save_every >= 0, f"{name}.save_every", "must be >= 0")
+    _check(s.pack_length == 0 or s.pack_length >= 8, f"{name}.pack_length", "must be 0 (model.max_seq_len) or >= 8")
+
+
+def _check_dpo(d: DPOConfig) -> None:
+    _check(d.beta > 0, "dpo.beta", "must be > 0")
+    _check(0 <= d.label_smoothing < 0.5, "dpo.label_smoothing", "must be in [0, 0.5)")
+    _check(d.label_smoothing == 0 or d.loss == DPOLoss.SIGMOID, "dpo.label_smoothing",
+           f"only applies to the 'sigmoid' loss, not {d.loss.value!r}: set it to 0")
+    _check(d.sft_weight >= 0, "dpo.sft_weight", "must be >= 0")
+
+
+def _check_distill(d: DistillConfig) -> None:
+    _check(d.temperature > 0, "distill.temperature", "must be > 0")
+    _check(0 < d.beta < 1 or d.loss != DistillLoss.JSD, "distill.beta",
+           "must be in (0, 1) for the 'jsd' loss (0 and 1 are forward_kl and reverse_kl)")
+    _check(d.beta == DistillConfig.beta or d.loss == DistillLoss.JSD, "distill.beta",
+           f"only applies to the 'jsd' loss, not {d.loss.value!r}: leave it at its default")
+
+
+def _check_pairs(p: PairsConfig, m: ModelConfig) -> None:
+    _check(p.samples_per_prompt >= 2, "pairs.samples_per_prompt", "must be >= 2 (a pair needs two samples)")
+    _check(p.temperature > 0, "pairs.temperature", "must be > 0 (greedy samples are all the same)")
+    _check(0 < p.top_p <= 1, "pairs.top_p", "must be in (0, 1]")
+    _check(p.top_k >= 0, "pairs.top_k", "must be >= 0 (0: no limit)")
+    _check(p.max_new_tokens >= 1, "pairs.max_new_tokens", "must be >= 1")
+    _check(p.max_new_tokens < m.max_seq_len, "pairs.max_new_tokens",
+           f"must be < model.max_seq_len = {m.max_seq_len} (prompt and completion share it)")
+    _check(p.max_prompts >= 0, "pairs.max_prompts", "must be >= 0 (0: every train prompt)")
+    _check(p.eval_prompts >= 0, "pairs.eval_prompts", "must be >= 0 (0: every eval prompt)")
+    _check(p.batch_size >= 1, "pairs.batch_size", "must be >= 1")
+    _check(p.backend != RolloutBackend.VLLM or vllm_installed(), "pairs.backend", _NO_VLLM)
 
 
 def _check_eval(e: EvalConfig, m: ModelConfig) -> None:

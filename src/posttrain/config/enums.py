@@ -17,6 +17,7 @@ class DataSchema(enum.Enum):
     MESSAGES = "messages"  # a list of {"role", "content"} chat turns
     PROMPT_COMPLETION = "prompt_completion"  # SFT pairs
     PROMPT_ANSWER = "prompt_answer"  # RL/eval prompts with a reference answer
+    PREFERENCE = "preference"  # prompt + chosen + rejected (text, or TRL's conversational lists of messages)
 
 
 class Arch(enum.Enum):
@@ -43,6 +44,25 @@ class Backend(enum.Enum):
 class Algorithm(enum.Enum):
     GRPO = "grpo"
     PPO = "ppo"
+
+
+class Objective(enum.Enum):
+    """What the SPMD dense trainer minimises (each has its own config section: sft, dpo, reward_model, distill)."""
+    SFT = "sft"  # cross-entropy on the demonstrations' assistant tokens
+    DPO = "dpo"  # direct preference optimisation on (chosen, rejected) pairs against a frozen reference
+    REWARD_MODEL = "reward_model"  # Bradley-Terry: a scalar head scores chosen above rejected
+    DISTILL = "distill"  # token-level divergence to a frozen teacher's full next-token distribution
+
+
+class DPOLoss(enum.Enum):
+    SIGMOID = "sigmoid"  # -log sigmoid(beta * margin), with optional label smoothing (Rafailov et al. 2023)
+    IPO = "ipo"  # (margin - 1 / (2 beta))^2 with length-averaged log-probs (Azar et al. 2023)
+
+
+class DistillLoss(enum.Enum):
+    FORWARD_KL = "forward_kl"  # KL(teacher || student): mass-covering
+    REVERSE_KL = "reverse_kl"  # KL(student || teacher): mode-seeking
+    JSD = "jsd"  # generalised Jensen-Shannon with mixture weight distill.beta (GKD, Agarwal et al. 2024)
 
 
 class KLEstimator(enum.Enum):
