@@ -30,7 +30,7 @@ def main() -> None:
     mcfg = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64, max_seq_len=32)
     cfg = SFTConfig(steps=steps, global_batch_size=global_bs, micro_batch_size=micro, nproc=info.world_size, lr=1e-2,
                     warmup_steps=0, parallelism=parallel, packing=(mode == "packed"))
-    enc = [tokenize_for_training(tok, e["messages"], 32) for e in read_examples(data, "train")]
+    enc = [(tokenize_for_training(tok, e["messages"], 32),) for e in read_examples(data, "train")]
     model = wrap(build_model(mcfg, tok), cfg, info)
     opt = make_optimizer(model, cfg)
     seen, losses = [], []
@@ -38,7 +38,7 @@ def main() -> None:
         if mode in ("fixed", "packed"):  # the same global batch for any split: rank r takes its contiguous slice
             per = global_bs // info.world_size
             idx = list(range(step * global_bs + info.rank * per, step * global_bs + (info.rank + 1) * per))
-            batches = [collate([enc[i] for i in idx[j:j + micro]], pack=cfg.packing, pack_length=32, pad_id=tok.pad_token_id)
+            batches = [collate([enc[i][0] for i in idx[j:j + micro]], pack=cfg.packing, pack_length=32, pad_id=tok.pad_token_id)
                        for j in range(0, per, micro)]
         else:  # "shards": the trainer's own per-rank data order
             shards = Shards(enc, cfg, info, tok.pad_token_id, 32)

@@ -13,6 +13,7 @@ from posttrain.data.examples import read_examples
 from posttrain.data.prepare import prepare_dataset, source_fingerprint
 from posttrain.data.validation import DataValidationError
 
+
 def test_held_out_prompts_never_occur_in_train_with_another_completion(tmp_path):
     """Several completions per prompt (or the sloppy teacher's right and wrong demonstration of one problem):
     the split holds out prompts, so an eval problem is never trained on, whatever its completion."""
@@ -216,3 +217,19 @@ def test_tokenizer_is_deterministic_splits_digits_and_has_the_chat_template(tmp_
     assert (tok.apply_chat_template(msgs[:1], tokenize=False, add_generation_prompt=True)
             == "<|user|>\n347+086=<|end|>\n<|assistant|>\n")
     assert tok.eos_token == "<|end|>" and tok.pad_token == "<|pad|>"
+
+
+@pytest.mark.parametrize("name,content,why", [("e.jsonl", "", "empty file"), ("blank.jsonl", "\n \r\n", "empty file"),
+                                              ("e.csv", "", "empty file"),
+                                              ("h.csv", "\ufeffprompt,completion\r\n", "only a header line")])
+def test_a_file_without_rows_is_named(tmp_path, name, content, why):
+    """An empty file is a mistake to name, not a smaller dataset (alone it used to end as an unnamed
+    "nothing left after filtering")."""
+    empty = tmp_path / name
+    empty.write_text(content, encoding="utf-8")
+    good = _write(tmp_path / "good.jsonl", "jsonl", ROWS)
+    for files in ([empty], [good, empty]):
+        with pytest.raises(DataValidationError) as e:
+            prepare_dataset(_cfg(files), tmp_path / "out")
+        assert str(e.value) == f"1 problem(s) in the input data:\n  data.files: no rows in {empty} ({why})"
+        assert not (tmp_path / "out").exists()

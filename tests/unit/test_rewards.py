@@ -144,8 +144,8 @@ def test_cpu_time_over_the_limit_kills_the_call_and_the_child_is_replaced():
     timeout; calls before and after score (the limit is per call, not for the process's life)."""
     with scorer("spins", cpu_s=1, timeout_s=120) as s:
         got = s.score([sample("x"), sample("spin"), sample("y")])
-    assert scores(got) == [(1.0, None), (0.0, "reward process exceeded its CPU-time limit (reward.cpu_s = 1; "
-                                             "killed by SIGXCPU); replaced"), (1.0, None)]
+    assert scores(got) == [(1.0, None), (0.0, ("reward process exceeded its CPU-time limit (reward.cpu_s = 1; "
+                                              "killed by SIGXCPU); replaced")), (1.0, None)]
 
 
 def test_output_on_stdout_goes_to_stderr(capfd):
@@ -194,6 +194,33 @@ def test_a_module_on_python_path_is_imported_in_the_child_only(tmp_path):
         assert s.identity == {"import_path": "my_reward_mod:score",
                               "source_sha256": hashlib.sha256(src.encode()).hexdigest()}
     assert "my_reward_mod" not in sys.modules  # user code never runs in the parent
+
+
+def test_the_answer_column_is_an_argument_under_its_own_name_too(tmp_path):
+    """`data.answer_field: "solution"`: a function may name `solution` (the column as given) or `answer` (the
+    reference answer); data prep -> dataset -> check_arguments -> score, end to end."""
+    from posttrain.config import DataConfig, DataSchema
+    from posttrain.data.examples import read_examples
+    from posttrain.data.prepare import prepare_dataset
+
+    rows = [{"question": f"{i}+{i}?", "solution": f"{i} and {i}\n#### {2 * i}"} for i in range(4)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DataConfig(task="", files=[str(tmp_path / "d.jsonl")], schema=DataSchema.PROMPT_ANSWER, eval_size=1,
+                     prompt_field="question", answer_field="solution", answer_marker="####")
+    info = prepare_dataset(cfg, tmp_path / "ds", require_completions=False)
+    assert info.columns == ["solution"]
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "by_column.py").write_text("def f(completion, solution):\n    return float(solution.endswith(completion))\n\n"
+                                       "def g(completion, answer):\n    return float(completion == answer)\n")
+    ex = read_examples(tmp_path / "ds", "train")[0]
+    right = ex["answer"]
+    assert ex["columns"]["solution"].endswith(f"#### {right}")
+    for fn in ("by_column:f", "by_column:g"):
+        with RewardScorer(RewardConfig(fn=fn, python_path=[str(mods)])) as s:
+            s.check_arguments(info.columns)
+            got = s.score([RewardSample.from_example(ex, right), RewardSample.from_example(ex, "wrong")])
+            assert scores(got) == [(1.0, None), (0.0, None)], fn
 
 
 def test_bad_names_and_paths_are_clear_errors(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from posttrain.config.enums import Algorithm, DistillLoss, DPOLoss, RolloutBackend
+from posttrain.config.enums import Algorithm, DataSchema, DistillLoss, DPOLoss, RolloutBackend
 from posttrain.config.errors import ConfigError
 from posttrain.config.sections import (
     DataConfig,
@@ -68,6 +68,14 @@ def _check_data(d: DataConfig) -> None:
     _check(d.tokenizer.vocab_size >= 260, "data.tokenizer.vocab_size", "must be >= 260 (256 bytes + specials)")
     if d.task:
         _check(d.eval_size < d.num_examples, "data.eval_size", "must be smaller than data.num_examples")
+    if d.schema == DataSchema.PREFERENCE:
+        _check(bool(d.chosen_field), "data.chosen_field", "must name the column of preferred completions")
+        _check(bool(d.rejected_field), "data.rejected_field", "must name the column of dispreferred completions")
+        _check(d.chosen_field != d.rejected_field, "data.rejected_field",
+               f"must differ from data.chosen_field ({d.chosen_field!r})")
+        for name in ("prompt_field", "answer_field"):
+            _check(getattr(d, name) not in (d.chosen_field, d.rejected_field), f"data.{name}",
+                   f"{getattr(d, name)!r} is also data.chosen_field or data.rejected_field")
 
 
 def _check_model(m: ModelConfig, d: DataConfig) -> None:

@@ -2,7 +2,17 @@
 
 An example is {"messages": [{"role", "content"}...], "answer": str | None, "task": str | None,
 "columns": {name: JSON value}}: "columns" holds the source row's other columns ({} for built-in tasks; a
-dataset written without it reads as {})."""
+dataset written without it reads as {}).
+
+A preference example (`data.schema: "preference"`, for DPO and reward models) has two more keys:
+
+    {"messages": [<prompt turns, never ending with an assistant turn>],
+     "chosen":   [<turns>],      # the preferred continuation of the prompt (one or more assistant turns)
+     "rejected": [<turns>],      # the dispreferred continuation, never equal to "chosen"
+     "answer": str | None, "task": str | None, "columns": {...}}
+
+"messages" is then only the prompt, so `prompt_messages` works unchanged; `pair_conversations` gives the two
+full conversations (prompt + each continuation)."""
 
 from __future__ import annotations
 
@@ -35,8 +45,23 @@ def read_examples(dataset_dir: str | Path, split: str) -> list[dict]:
     return examples
 
 
+def is_preference(example: dict) -> bool:
+    """True for a preference example (prompt turns + "chosen" and "rejected" continuations)."""
+    return "chosen" in example and "rejected" in example
+
+
+def pair_conversations(example: dict) -> tuple[list[dict], list[dict]]:
+    """(chosen conversation, rejected conversation) of a preference example: its prompt turns followed by
+    each continuation."""
+    if not is_preference(example):
+        raise ValueError("not a preference example (it has no 'chosen' and 'rejected' turns)")
+    prompt = list(example["messages"])
+    return prompt + example["chosen"], prompt + example["rejected"]
+
+
 def prompt_messages(example: dict) -> list[dict]:
-    """The conversation up to (not including) a final assistant turn: what the model is asked."""
+    """The conversation up to (not including) a final assistant turn: what the model is asked (a preference
+    example's "messages", which hold only the prompt)."""
     msgs = example["messages"]
     return msgs[:-1] if msgs and msgs[-1]["role"] == "assistant" else list(msgs)
 

@@ -1,5 +1,8 @@
 """Load user data files into raw rows with their location ("file:line N" / "file:row N").
 
+A file that yields no rows at all (empty, blank lines only, a csv header alone, a table without rows) is a
+problem naming it, not a silently smaller dataset.
+
 jsonl is read line by line (exact line numbers; BOM and CRLF tolerated; undecodable bytes and bad JSON
 reported per line). csv and parquet go through HF `datasets` (quoted fields with newlines, extra columns),
 and a `save_to_disk` folder through `datasets.load_from_disk`. HF caches go to a temporary folder, never the
@@ -44,10 +47,18 @@ def iter_rows(files: list[str], fmt: DataFormat, problems: Problems, *,
             problems.add(str(path), None, f"file or folder does not exist (listed in {setting})")
             continue
         file_fmt = detect_format(path, fmt)
-        if file_fmt == DataFormat.JSONL:
-            yield from _jsonl(path, problems)
-        else:
-            yield from _hf(path, file_fmt, problems)
+        before, n_rows = len(problems.items), 0
+        for where_row in _jsonl(path, problems) if file_fmt == DataFormat.JSONL else _hf(path, file_fmt, problems):
+            n_rows += 1
+            yield where_row
+        if not n_rows and len(problems.items) == before:  # not "nothing left after filtering" later, unnamed
+            header_only = file_fmt == DataFormat.CSV and _csv_lines(path.read_bytes()) == 1
+            problems.add(setting, None, f"no rows in {path} ({'only a header line' if header_only else 'empty file'})")
+
+
+def _csv_lines(raw: bytes) -> int:
+    """Non-blank lines of a (UTF-8) csv file."""
+    return sum(1 for t in raw.decode("utf-8", errors="replace").removeprefix("\ufeff").splitlines() if t.strip())
 
 
 def _jsonl(path: Path, problems: Problems) -> Iterator[tuple[str, dict]]:
@@ -86,6 +97,8 @@ def _hf(path: Path, fmt: DataFormat, problems: Problems) -> Iterator[tuple[str, 
             line = raw[: e.start].count(b"\n") + 1
             problems.add(f"{path}:line {line}", None, f"undecodable bytes (not UTF-8) at byte {e.start}")
             return
+        if _csv_lines(raw) <= 1:
+            return  # no rows (the csv reader's own error says nothing useful): iter_rows names the file
     with tempfile.TemporaryDirectory(prefix="posttrain-hf-") as cache:
         try:
             if fmt == DataFormat.SAVED:

@@ -9,8 +9,13 @@ The eval split is either held out of the de-duplicated examples (`data.eval_size
 the rows of `data.eval_files` exactly as given (no re-split, no de-duplication); either way, the eval rows
 whose prompt turns also occur in the train split are counted and reported. `data.system_prompt` is put
 first in every example that does not start with a system turn. When SFT will train on the data
-(`require_completions`), every train row must end with an assistant turn. Token lengths are not measured
-here (there is no tokenizer yet): see `posttrain.data.lengths.check_budget`.
+(`require_completions`), every train row must end with an assistant turn (a preference row's chosen and
+rejected turns are its completions). Token lengths are not measured here (there is no tokenizer yet): see
+`posttrain.data.lengths.check_budget`.
+
+Preference data (`data.schema: "preference"`) goes the same way: its examples' "messages" are the prompt, so
+the held-out split holds out by prompt (no prompt in both splits, whatever its pairs), and de-duplication
+compares prompt, chosen and rejected (two different pairs for one prompt are both kept).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 
 from posttrain.config import DataConfig, DataSchema
 from posttrain.data import synthetic
-from posttrain.data.examples import dumps, prompt_messages, write_jsonl
+from posttrain.data.examples import dumps, is_preference, prompt_messages, write_jsonl
 from posttrain.data.loaders import iter_rows
 from posttrain.data.validation import DataValidationError, Problems, to_example
 
@@ -131,10 +136,12 @@ def load_examples(cfg: DataConfig, *, require_completions: bool) -> tuple[list[d
 
 
 def _dedupe(examples: list[dict]) -> list[dict]:
-    """Exact duplicates (same turns and answer; other columns are not compared) dropped, first one kept."""
+    """Exact duplicates (same turns and answer - for a preference pair, same prompt, chosen and rejected; other
+    columns are not compared) dropped, first one kept."""
     seen, unique = set(), []
     for ex in examples:
-        k = dumps({"m": ex["messages"], "a": ex["answer"]})
+        pair = {"c": ex["chosen"], "r": ex["rejected"]} if is_preference(ex) else {}
+        k = dumps({"m": ex["messages"], "a": ex["answer"], **pair})
         if k not in seen:
             seen.add(k)
             unique.append(ex)

@@ -1,11 +1,25 @@
 """Row validation: every problem names the file, the row (or line) and the field; all problems are
 collected (up to a cap) and raised together, before anything is written.
 
-A row becomes {"messages", "answer", "task", "columns"}: the schema's fields make the chat turns and the
-reference answer; every other column is kept under "columns" as JSON (NaN -> null, bytes -> {"base64": ...},
-dates and times -> ISO 8601 text, decimals -> text); values of any other type, infinities and non-text
-object keys are refused, naming the column. Chat turns are only system/user/assistant; tool calls and
-multimodal content are not supported.
+A row becomes {"messages", "answer", "task", "columns"} (a preference row also gets "chosen" and "rejected":
+see posttrain.data.examples): the schema's fields make the chat turns and the reference answer; every other
+column is kept under "columns" as JSON (NaN -> null, bytes -> {"base64": ...}, dates and times -> ISO 8601
+text, decimals -> text); values of any other type, infinities and non-text object keys are refused, naming
+the column. A reference-answer column not named "answer" (`answer_field: "solution"`) is also kept under its
+own name, as the source value, so a reward function may name either `answer` or `solution`. Chat turns are
+only system/user/assistant; tool calls and multimodal content are not supported.
+
+Preference rows (schema PREFERENCE) come in TRL's three forms:
+- text: `prompt` (one user turn), `chosen` and `rejected` (one assistant turn each);
+- conversational, explicit prompt: `prompt` a list of turns (not ending with an assistant turn), `chosen` and
+  `rejected` lists of one or more assistant turns;
+- conversational, implicit prompt (no `prompt` column, or null in the row): `chosen` and `rejected` are whole
+  conversations; the prompt is the turns they share, cut back to its last non-assistant turn (so shared
+  assistant turns right before the first difference go with the continuations). The pair must then differ
+  at an assistant turn, and each continuation is one or more assistant turns. A pair that differs in a
+  user or system turn is refused: it answers two different prompts.
+Lists may also be their JSON text (csv). Chosen identical to rejected is refused. The reference answer is the
+`answer_field` column when the row has it (with `answer_marker` applied), else None.
 """
 
 from __future__ import annotations
@@ -96,14 +110,22 @@ def to_example(row: dict, where: str, cfg: DataConfig, problems: Problems, *,
     """One validated structured example from a raw row, or None (problems recorded). Every column the schema
     does not consume is kept, JSON-ready, under "columns". `require_completion`: the conversation must end
     with an assistant turn (SFT will train on it)."""
-    if cfg.schema == DataSchema.MESSAGES:
-        consumed = {cfg.messages_field}
-        ex = _messages_example(row, where, cfg, problems, require_completion)
-    else:
-        second = cfg.completion_field if cfg.schema == DataSchema.PROMPT_COMPLETION else cfg.answer_field
-        consumed = {cfg.prompt_field, second} - {""}
-        ex = _prompt_example(row, where, cfg, problems)
-    columns = extra_columns(row, consumed, where, problems)
+    match cfg.schema:
+        case DataSchema.MESSAGES:
+            consumed = {cfg.messages_field}
+            ex = _messages_example(row, where, cfg, problems, require_completion)
+        case DataSchema.PREFERENCE:
+            consumed = {cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.answer_field}
+            ex = _preference_example(row, where, cfg, problems)
+        case DataSchema.PROMPT_COMPLETION:
+            consumed = {cfg.prompt_field, cfg.completion_field}
+            ex = _prompt_example(row, where, cfg, problems)
+        case _:
+            consumed = {cfg.prompt_field, cfg.answer_field}
+            ex = _prompt_example(row, where, cfg, problems)
+    if cfg.answer_field != "answer":  # kept under its own name too (the reserved `answer` is the reference)
+        consumed.discard(cfg.answer_field)
+    columns = extra_columns(row, consumed - {""}, where, problems)
     if ex is None or columns is None:
         return None
     return {**ex, "columns": columns}
@@ -136,6 +158,93 @@ def _prompt_example(row: dict, where: str, cfg: DataConfig, problems: Problems) 
     if len(problems.items) > before:
         return None
     return _example(prompt + (completion or []), answer)
+
+
+def _preference_example(row: dict, where: str, cfg: DataConfig, problems: Problems) -> dict | None:
+    """Schema PREFERENCE: prompt turns + chosen and rejected continuations (module docstring: the three forms)."""
+    before = len(problems.items)
+    chosen = _turns(row, cfg.chosen_field, "assistant", where, problems)
+    rejected = _turns(row, cfg.rejected_field, "assistant", where, problems)
+    answer = None
+    if cfg.answer_field and row.get(cfg.answer_field) is not None:
+        raw = _text(row, cfg.answer_field, where, problems, allow_number=True)
+        if raw is not None:
+            answer = _answer(raw, cfg.answer_marker, where, cfg.answer_field, problems)
+    explicit = bool(cfg.prompt_field) and row.get(cfg.prompt_field) is not None  # else TRL's implicit prompt
+    if explicit:
+        prompt = _turns(row, cfg.prompt_field, "user", where, problems)
+        if prompt is not None and prompt[-1]["role"] == "assistant":
+            problems.add(where, f"{cfg.prompt_field}[{len(prompt) - 1}].role",
+                         "a prompt must not end with an assistant turn (it would be taken for the completion)")
+        for field, turns in ((cfg.chosen_field, chosen), (cfg.rejected_field, rejected)):
+            if prompt is not None and turns is not None and turns[:len(prompt)] == prompt:
+                problems.add(where, field, f"repeats the {cfg.prompt_field!r} turns; give only the continuation, or "
+                                           f"leave out {cfg.prompt_field!r} (the turns chosen and rejected share are "
+                                           "then the prompt)")
+            else:
+                _only_assistant(turns or [], 0, field, where, problems)
+    elif chosen is None or rejected is None:
+        prompt = None
+    elif not (_is_turn_list(row[cfg.chosen_field]) and _is_turn_list(row[cfg.rejected_field])):
+        prompt = None
+        problems.add(where, cfg.prompt_field or cfg.chosen_field,
+                     "missing: text chosen/rejected need a prompt (without one, chosen and rejected must be "
+                     "lists of {role, content} turns that share their prompt turns)")
+    else:
+        prompt, chosen, rejected = _shared_prompt(chosen, rejected, where, cfg, problems)
+    if prompt is not None:  # named after the column that holds it: `prompt_field`, or chosen's shared turns
+        _check_prompt_len(sum(len(m["content"]) for m in prompt), where,
+                          cfg.prompt_field if explicit else cfg.chosen_field, cfg, problems)
+    if len(problems.items) == before and chosen == rejected:
+        problems.add(where, cfg.rejected_field, f"identical to {cfg.chosen_field!r}; a preference pair needs two "
+                                                "different completions")
+    if len(problems.items) > before:
+        return None
+    return {**_example(prompt, answer), "chosen": chosen, "rejected": rejected}
+
+
+def _shared_prompt(chosen: list[dict], rejected: list[dict], where: str, cfg: DataConfig, problems: Problems
+                   ) -> tuple[list[dict] | None, list[dict], list[dict]]:
+    """TRL's implicit prompt: (prompt, chosen continuation, rejected continuation) of two whole conversations.
+    The prompt is their longest common prefix of turns, cut back to its last non-assistant turn."""
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    k = n
+    while k > 0 and chosen[k - 1]["role"] == "assistant":
+        k -= 1
+    label = cfg.prompt_field or cfg.chosen_field
+    if chosen == rejected:
+        return chosen, [], []  # refused by the caller as identical
+    if k == 0:
+        problems.add(where, label, "missing, and chosen and rejected share no opening user or system turn to take "
+                                   "as the prompt; give a prompt column or start both with the same prompt turns")
+        return None, chosen, rejected
+    pairs = ((cfg.chosen_field, chosen, cfg.rejected_field), (cfg.rejected_field, rejected, cfg.chosen_field))
+    for field, turns, _ in pairs:
+        if n < len(turns) and turns[n]["role"] != "assistant":
+            problems.add(where, f"{field}[{n}].role",
+                         f"chosen and rejected first differ at this {turns[n]['role']!r} turn; a preference pair "
+                         "shares its prompt turns and differs only in the assistant's reply")
+            return None, chosen, rejected
+    for field, turns, other in pairs:
+        if len(turns) == k:
+            problems.add(where, field, f"no assistant turn after the prompt turns it shares with {other!r}")
+        _only_assistant(turns, k, field, where, problems)
+    return chosen[:k], chosen[k:], rejected[k:]
+
+
+def _only_assistant(turns: list[dict], start: int, field: str, where: str, problems: Problems) -> None:
+    """Every turn of a continuation (`turns[start:]`) must be an assistant turn."""
+    for i in range(start, len(turns)):
+        if turns[i]["role"] != "assistant":
+            problems.add(where, f"{field}[{i}].role",
+                         f"a completion turn must be an assistant turn, got {turns[i]['role']!r}")
+
+
+def _is_turn_list(v: object) -> bool:
+    """A list of turns, or its JSON text (as `_turns` reads it), rather than plain text."""
+    return isinstance(v, list) or (isinstance(v, str) and bool(_TURNS_JSON.match(v)))
 
 
 def _messages_example(row: dict, where: str, cfg: DataConfig, problems: Problems,

@@ -1,6 +1,9 @@
-"""The SPMD SFT trainer: every rank runs the same `train_step` on its own shard.
+"""The SPMD dense trainer: every rank runs the same `train_step` on its own shard. It trains every dense
+objective - SFT, DPO, reward models, distillation (objectives.py; the config section's class picks one) - with
+the same ranks, batching, normalisation, parallelism, checkpointing and resume.
 
-Loss: the mean over all assistant tokens of the GLOBAL batch. Before a step the ranks all-reduce their
+Loss (SFT; the others normalise the same way by their own global counts, objectives.py): the mean over all
+assistant tokens of the GLOBAL batch. Before a step the ranks all-reduce their
 assistant-token counts; each micro-batch then contributes sum(token losses) / global_count, multiplied by
 world_size because DDP (and FSDP2's reduce-scatter) average gradients across ranks. So 1 rank x 4
 micro-batches and 2 ranks x 2 micro-batches give the same loss and the same update.
@@ -19,6 +22,7 @@ Leaves out: tensor/pipeline parallelism, dropout (none in the tiny models).
 
     run_sft(model_cfg=..., sft_cfg=..., tracking_cfg=..., dataset_dir=..., tokenizer_dir=..., base_model_dir=None,
             out_dir=..., state_dir=..., run_name="sft")   # on every rank, e.g. under torchrun or Elastic
+    run_sft(..., sft_cfg=DPOConfig(...), frozen_model_dir=REFERENCE)    # DPO; DistillConfig + the teacher: KD
 """
 
 from __future__ import annotations
@@ -40,13 +44,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from posttrain.artifacts.state import StateDir, read_file, write_file
-from posttrain.config import ModelConfig, Parallelism, SFTConfig, TrackingConfig
-from posttrain.data.chat import tokenize_for_training
+from posttrain.config import ModelConfig, Objective, Parallelism, SFTConfig, TrackingConfig
 from posttrain.data.examples import read_examples
 from posttrain.models.io import enable_gradient_checkpointing, load_model, load_tokenizer, save_model
+from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.models.tiny import build_model
-from posttrain.sft.batching import Batch, collate, rank_order, token_losses
+from posttrain.sft.batching import Batch, collate, rank_order
 from posttrain.sft.dist import DistInfo, all_reduce_sum, init_distributed
+from posttrain.sft.objectives import SFTObjective, objective_for
 from posttrain.tracking import Tracker
 from posttrain.wandb_run import WandbRun
 
@@ -64,12 +69,13 @@ def wrap(model: torch.nn.Module, cfg: SFTConfig, info: DistInfo, *, gradient_che
     """Move to this rank's device, enable activation checkpointing if asked (before wrapping: it replaces the
     decoder layers' call), then wrap in DDP or FSDP2. The model is left in training mode."""
     model.to(info.device).train()
+    hf = model.rm if isinstance(model, TokenScores) else model
     if gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+        enable_gradient_checkpointing(hf)
     if cfg.parallelism == Parallelism.FSDP2:
         from torch.distributed.fsdp import fully_shard
 
-        for layer in model.model.layers:
+        for layer in getattr(hf, hf.base_model_prefix).layers:
             fully_shard(layer)
         return fully_shard(model)
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda"
@@ -96,41 +102,48 @@ class NonFiniteError(RuntimeError):
 
 
 def train_step(model, optimizer, micro_batches: list[Batch], *, cfg: SFTConfig, info: DistInfo,
-               lr: float, autocast: bool) -> dict:
-    """One optimizer step over this rank's micro-batches; identical on every rank."""
-    counts = torch.tensor([sum(b.num_loss_tokens for b in micro_batches), sum(b.num_tokens for b in micro_batches)],
-                          dtype=torch.float64, device=info.device)
-    global_loss_tokens, global_tokens = all_reduce_sum(counts).tolist()
+               lr: float, autocast: bool, objective=None, frozen=None) -> dict:
+    """One optimizer step over this rank's micro-batches; identical on every rank. `objective` (objectives.py;
+    SFT when not given) computes each micro-batch's loss; `frozen` is its frozen model (reference, teacher)."""
+    objective = objective or SFTObjective()
+    counts = objective.counts(micro_batches)
+    names = sorted(counts)
+    reduced = all_reduce_sum(torch.tensor([counts[k] for k in names] + [sum(b.num_tokens for b in micro_batches)],
+                                          dtype=torch.float64, device=info.device)).tolist()
+    counts, global_tokens = dict(zip(names, reduced[:-1])), reduced[-1]
     for g in optimizer.param_groups:
         g["lr"] = lr
-    loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
+    sums: dict[str, torch.Tensor] = {}
     for i, b in enumerate(micro_batches):
         with _sync_context(model, cfg, last=i == len(micro_batches) - 1):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                logits = model(input_ids=b.input_ids.to(info.device), position_ids=b.position_ids.to(info.device),
-                               attention_mask=b.attention_mask.to(info.device), use_cache=False).logits  # (B, T, V)
-            loss = token_losses(logits, b.labels.to(info.device)).sum() / global_loss_tokens
+            loss, stats = objective.loss(model, frozen, b, counts, info.device, autocast)
             (loss * info.world_size).backward()
-            loss_sum += loss.detach().double()
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0) + v
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
-    loss_total = all_reduce_sum(loss_sum).item()
+    keys = sorted(sums)  # the same keys on every rank: the config decides them
+    totals = dict(zip(keys, all_reduce_sum(torch.stack([torch.as_tensor(sums[k], dtype=torch.float64,
+                                                                         device=info.device) for k in keys])).tolist()))
+    loss_total = totals["loss"]
     gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     if not (math.isfinite(loss_total) and math.isfinite(float(gn))):  # same on every rank: all stop together
         optimizer.zero_grad(set_to_none=True)
-        raise NonFiniteError(f"SFT step stopped before the optimizer step: loss {loss_total}, gradient norm "
-                             f"{float(gn)} (rank {info.rank}); the weights and the last saved state are unchanged")
+        raise NonFiniteError(f"{objective.name.value} step stopped before the optimizer step: loss {loss_total}, "
+                             f"gradient norm {float(gn)} (rank {info.rank}); the weights and the last saved state are "
+                             f"unchanged")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss_total, "grad_norm": float(gn), "lr": lr, "tokens": int(global_tokens),
-            "loss_tokens": int(global_loss_tokens)}
+    return {**objective.metrics(totals, counts), "grad_norm": float(gn), "lr": lr, "tokens": int(global_tokens)}
 
 
 class Shards:
     """This rank's micro-batches for a given step: the cursor is a pure function of the step."""
 
-    def __init__(self, encoded: list[tuple[list[int], list[int]]], cfg: SFTConfig, info: DistInfo, pad_id: int,
-                 pack_length: int):
+    def __init__(self, encoded: list[tuple[tuple[list[int], list[int]], ...]], cfg: SFTConfig, info: DistInfo,
+                 pad_id: int, pack_length: int):
+        """`encoded`: one tuple of (ids, loss mask) sequences per example - one for SFT, (chosen, rejected) for
+        pairs; an example's sequences always go into the same micro-batch, in order."""
         self.encoded, self.cfg, self.info, self.pad_id, self.pack_length = encoded, cfg, info, pad_id, pack_length
         self.accum = cfg.global_batch_size // (cfg.micro_batch_size * info.world_size)
         self.per_step = cfg.micro_batch_size * self.accum  # examples per rank per step
@@ -147,7 +160,7 @@ class Shards:
                                               self.info.world_size)}
         idx = self._orders[epoch][k * self.per_step:(k + 1) * self.per_step]
         m = self.cfg.micro_batch_size
-        return [collate([self.encoded[i] for i in idx[j:j + m]], pack=self.cfg.packing,
+        return [collate([seq for i in idx[j:j + m] for seq in self.encoded[i]], pack=self.cfg.packing,
                         pack_length=self.pack_length, pad_id=self.pad_id) for j in range(0, len(idx), m)]
 
 
@@ -162,27 +175,36 @@ def _check_world(cfg: SFTConfig, info: DistInfo) -> None:
 
 
 HISTORY_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
-"""The per-step numbers `run_sft` keeps in its history (stages.sft stores it in the model manifest's extra)."""
+"""The per-step numbers `run_sft` keeps in its history for every objective (stages.sft stores it in the model
+manifest's extra), besides the objective's own `history_keys`."""
 
 
 def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: TrackingConfig, dataset_dir, tokenizer_dir,
-            base_model_dir, out_dir, state_dir, run_name: str = "sft", wandb_run: WandbRun | None = None) -> dict:
+            base_model_dir, out_dir, state_dir, run_name: str = "sft", wandb_run: WandbRun | None = None,
+            frozen_model_dir=None) -> dict:
     """Train on every rank; returns rank 0's last metrics and per-step history. `wandb_run` (rank 0's, from
-    posttrain.wandb_run): started here - continuing the saved run id on a resume - and finished by the caller."""
+    posttrain.wandb_run): started here - continuing the saved run id on a resume - and finished by the caller.
+    The objective is `sft_cfg`'s (SFTConfig, DPOConfig, RewardModelConfig, DistillConfig); `frozen_model_dir`
+    is DPO's reference or the distillation teacher (required for those two, refused for the others)."""
     # Ranks forked by Elastic inherit the parent's torch thread pool, and torch reads OMP_NUM_THREADS only
     # once: without this, N ranks x all-cores threads spin against each other (measured ~100x slower).
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     info = init_distributed(sft_cfg.backend)
     _check_world(sft_cfg, info)
+    objective = objective_for(sft_cfg)
+    needs_frozen = objective.name in (Objective.DPO, Objective.DISTILL)
+    if needs_frozen != (frozen_model_dir is not None):
+        raise ValueError(f"{objective.name.value}: " + ("needs a frozen model (reference or teacher) folder"
+                                                        if needs_frozen else "takes no frozen model"))
     torch.manual_seed(sft_cfg.seed)
-    if base_model_dir:
-        tokenizer, model = load_tokenizer(base_model_dir), load_model(base_model_dir)
-    else:
-        tokenizer = load_tokenizer(tokenizer_dir)
-        model = build_model(model_cfg, tokenizer)
+    tokenizer = load_tokenizer(base_model_dir or tokenizer_dir)
+    model = build_trainee(objective.name, model_cfg, tokenizer, base_model_dir)
+    frozen = None
+    if frozen_model_dir is not None:  # no gradients, no optimizer: one forward per micro-batch (objectives.py)
+        frozen = load_model(frozen_model_dir, device=info.device).requires_grad_(False)
     pack_length = sft_cfg.pack_length or model_cfg.max_seq_len
-    encoded, dropped = encode_train_split(dataset_dir, tokenizer, min(model_cfg.max_seq_len, pack_length))
+    encoded, dropped = encode_train_split(dataset_dir, tokenizer, min(model_cfg.max_seq_len, pack_length), objective)
     model = wrap(model, sft_cfg, info, gradient_checkpointing=model_cfg.gradient_checkpointing)
     optimizer = make_optimizer(model, sft_cfg)
     shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
@@ -197,49 +219,64 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
         t0 = time.perf_counter()
         try:
             metrics = train_step(model, optimizer, shards.for_step(step), cfg=sft_cfg, info=info,
-                                 lr=lr_at(step, sft_cfg), autocast=autocast)
+                                 lr=lr_at(step, sft_cfg), autocast=autocast, objective=objective, frozen=frozen)
         except NonFiniteError as e:
             raise NonFiniteError(f"step {step + 1}: {e}") from None
         metrics["tokens_per_s"] = metrics["tokens"] / (time.perf_counter() - t0)
         tracker.log(step, metrics)
         done = step + 1
-        history.append({"step": done, **{k: metrics[k] for k in HISTORY_KEYS}})
+        history.append({"step": done, **{k: metrics[k] for k in HISTORY_KEYS + objective.history_keys}})
         if (sft_cfg.save_every and done % sft_cfg.save_every == 0) or done == sft_cfg.steps:
             save_state(state, model, optimizer, done, tracker.wandb_id, info, history)
     tracker.close()
-    save_final(model, model_cfg, tokenizer, base_model_dir, out_dir, info)
+    save_final(model, model_cfg, tokenizer, base_model_dir, out_dir, info, objective.name)
     return {**{k: v for k, v in metrics.items()}, "steps": sft_cfg.steps, "world_size": info.world_size,
             "train_examples": len(encoded), "dropped_too_long": dropped,
             "wall_s": time.perf_counter() - t_start, "history": history}
 
 
-def encode_train_split(dataset_dir, tokenizer, max_len: int) -> tuple[list, int]:
-    """(token ids and labels of every train conversation that ends with an assistant turn and fits `max_len`,
-    how many were too long); refuses a split with nothing to train on."""
+def build_trainee(objective: Objective, model_cfg: ModelConfig, tokenizer, base_model_dir):
+    """The model that trains: the base folder's (or a fresh one of `model_cfg`), as a causal LM - or, for a
+    reward model, with a scalar head read at every position (TokenScores)."""
+    if objective == Objective.REWARD_MODEL:
+        return TokenScores(build_reward_model(base_model_dir, tokenizer, model_cfg))
+    return load_model(base_model_dir) if base_model_dir else build_model(model_cfg, tokenizer)
+
+
+def encode_train_split(dataset_dir, tokenizer, max_len: int, objective=None) -> tuple[list, int]:
+    """(the sequences of every train example the objective trains on - SFT and distillation: conversations
+    that end with an assistant turn; DPO and reward models: preference pairs - that fit `max_len`, how many were
+    too long); refuses a split with nothing to train on."""
+    objective = objective or SFTObjective()
     encoded, dropped = [], 0
     for ex in read_examples(dataset_dir, "train"):
-        if ex["messages"][-1]["role"] != "assistant":
+        if not objective.trains_on(ex):
             continue
-        enc = tokenize_for_training(tokenizer, ex["messages"], max_len)
+        enc = objective.encode(ex, tokenizer, max_len)
         if enc is None:
             dropped += 1
         else:
             encoded.append(enc)
     if not encoded:
-        raise ValueError(f"no trainable examples in {dataset_dir}: SFT needs conversations ending with an assistant "
-                         f"turn no longer than {max_len} tokens (model.max_seq_len / sft.pack_length; "
-                         f"{dropped} too long)")
+        what = ("preference pairs (prompt, chosen, rejected: data.schema 'preference', or pairs made from a "
+                "model's samples)" if objective.pairs else "conversations ending with an assistant turn")
+        raise ValueError(f"no trainable examples in {dataset_dir}: {objective.name.value} needs {what} no longer "
+                         f"than {max_len} tokens (model.max_seq_len / pack_length; {dropped} too long)")
     return encoded, dropped
 
 
-def save_final(model, model_cfg: ModelConfig, tokenizer, base_model_dir, out_dir, info: DistInfo) -> None:
+def save_final(model, model_cfg: ModelConfig, tokenizer, base_model_dir, out_dir, info: DistInfo,
+               objective: Objective = Objective.SFT) -> None:
     """Gather the full weights (every rank takes part) and rank 0 writes them as an HF folder: into a fresh
-    model of the config, or of the base folder's architecture."""
+    model of the config, or of the base folder's architecture (a reward model: AutoModelForSequenceClassification)."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if info.rank == 0:
-        final = build_model(model_cfg, tokenizer) if not base_model_dir else load_model(base_model_dir)
+        final = build_trainee(objective, model_cfg, tokenizer, base_model_dir)
+        if isinstance(final, TokenScores):
+            final = final.rm
+            full = {k.removeprefix("rm."): v for k, v in full.items()}
         final.load_state_dict(full, strict=False)
-        if "lm_head.weight" not in full:
+        if "lm_head.weight" not in full and objective != Objective.REWARD_MODEL:
             final.tie_weights()
         save_model(final, tokenizer, out_dir)
     dist.barrier()
