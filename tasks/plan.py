@@ -19,10 +19,15 @@ from images.specs import cpu_image
 from posttrain.config import (
     ConfigError,
     DataConfig,
+    DataSchema,
+    DistillConfig,
+    DPOConfig,
     EvalConfig,
     ModelConfig,
+    PairsConfig,
     PlacementConfig,
     RewardConfig,
+    RewardModelConfig,
     RLConfig,
     SFTConfig,
     TrackingConfig,
@@ -31,8 +36,12 @@ from tasks import settings
 
 Plan = NamedTuple("Plan", [("run_id", str), ("data", DataConfig), ("model", ModelConfig), ("sft", SFTConfig),
                            ("eval", EvalConfig), ("rl", RLConfig), ("reward", RewardConfig), ("placement", PlacementConfig),
-                           ("tracking", TrackingConfig), ("sft_enabled", bool)])
-"""`sft_enabled` repeats `sft.enabled` as a plain bool: Flyte's `conditional` compares only primitive outputs."""
+                           ("tracking", TrackingConfig), ("sft_enabled", bool), ("pairs", PairsConfig),
+                           ("dpo", DPOConfig), ("reward_model", RewardModelConfig), ("distill", DistillConfig),
+                           ("pairs_from_samples", bool)])
+"""`sft_enabled` repeats `sft.enabled` as a plain bool: Flyte's `conditional` compares only primitive outputs.
+`pairs_from_samples`: the data are prompts, so dpo_pipeline and reward_model_pipeline make preference pairs from
+the SFT model's samples; false for preference data (data.schema 'preference'), which are the pairs."""
 
 
 @task(container_image=cpu_image)
@@ -51,4 +60,5 @@ def plan(recipe: str, overrides: str, run_id: str) -> Plan:
     rid = run_id or new_run_id()
     print(f"plan: run {rid}, recipe {cfg.name}")
     return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking,
-                cfg.sft.enabled)
+                cfg.sft.enabled, cfg.pairs, cfg.dpo, cfg.reward_model, cfg.distill,
+                bool(cfg.data.task) or cfg.data.schema != DataSchema.PREFERENCE)

@@ -38,7 +38,9 @@ def _diff(a: float | None, b: float | None) -> str:
 
 @task(container_image=cpu_image)
 def summarize(run_id: str, dataset: ArtifactRef, sft_model: ArtifactRef, sft_eval: ArtifactRef,
-              rl_model: ArtifactRef | None, rl_eval: ArtifactRef | None) -> Summary:
+              rl_model: ArtifactRef | None, rl_eval: ArtifactRef | None, second_stage: str = "rl") -> Summary:
+    """`second_stage`: what made the second model ("rl", or "dpo" in dpo_pipeline); the Summary's rl_* fields
+    hold it."""
     from posttrain.artifacts import ArtifactStore
 
     store = ArtifactStore()
@@ -60,13 +62,15 @@ def summarize(run_id: str, dataset: ArtifactRef, sft_model: ArtifactRef, sft_eva
                 + (f"  ({failed}/{m.get('reward_calls')} reward calls failed)" if failed else ""))
 
     # with sft.enabled false the first model is the one RL started from (a base folder or a model artifact)
-    first = "SFT model  " if store.manifest(sft_model.id).stage == "sft" else "start model"
+    first = {"sft": "SFT model  ", "distill": "student    "}.get(store.manifest(sft_model.id).stage, "start model")
+    label = f"{second_stage.upper()} model".ljust(11)
     lines = [f"run {run_id}  (store: {store.root})",
              f"  dataset     {dataset.id[:12]}",
              f"  {first} {sft_model.id[:12]}   eval {sft_eval.id[:12]}: {scores(sm)}  ({sm['num_problems']} problems)"]
     if rm:
-        lines.append(f"  RL model    {rl_model.id[:12]}   eval {rl_eval.id[:12]}: {scores(rm)}")
-        lines.append(f"  RL change   greedy {rm['greedy_accuracy'] - sm['greedy_accuracy']:+.3f}"
+        lines.append(f"  {label} {rl_model.id[:12]}   eval {rl_eval.id[:12]}: {scores(rm)}")
+        change = f"{second_stage.upper()} change"
+        lines.append(f"  {change:<11} greedy {rm['greedy_accuracy'] - sm['greedy_accuracy']:+.3f}"
                      f"  sampled {_diff(r_sampled, s_sampled)}")
     lines.append(f"  lineage:    posttrain lineage {(rl_model or sft_model).id[:12]}")
     lines.extend(_wandb_lines(str(store.root), run_id))

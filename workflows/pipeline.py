@@ -12,6 +12,20 @@ Run locally from the repository root (no extra environment variables needed):
     pyflyte run workflows/pipeline.py sft_pipeline                      # data -> SFT -> eval only
     pyflyte run workflows/pipeline.py pipeline --overrides '{"model": {"base_path": "/models/m"}, "sft": {"enabled": false}, ...}'
     pyflyte run workflows/pipeline.py eval_pipeline --overrides '{"model": {"base_path": "/models/m"}, ...}'
+
+The dense objectives beside SFT (the same SPMD trainer; each stage cached on its inputs, so changing dpo.beta
+re-runs only DPO and its evaluation):
+
+    plan ─► data_prep ─► sft ─► evaluate ─► pairs (the SFT model's own samples, scored) ─► dpo ─► evaluate
+                                        └─► pairs ─► reward_model ─► evaluate_reward_model (pairwise accuracy)
+    plan ─► data_prep ─► distill (teacher: distill.teacher; student: the start model, or fresh) ─► evaluate
+
+    pyflyte run workflows/pipeline.py dpo_pipeline --overrides '{"dpo": {"beta": 0.1}}'
+    pyflyte run workflows/pipeline.py reward_model_pipeline
+    pyflyte run workflows/pipeline.py distill_pipeline --overrides '{"distill": {"teacher": "channel:production"}}'
+
+With preference data (data.schema "preference") the data are the pairs: no sampling, and SFT (when enabled)
+trains on the chosen completions.
 """
 
 from __future__ import annotations
@@ -20,11 +34,12 @@ from flytekit import conditional, workflow
 
 from posttrain.artifacts.handles import ArtifactRef
 from tasks.data import data_prep
-from tasks.evaluate import evaluate
+from tasks.evaluate import evaluate, evaluate_reward_model
 from tasks.model import given_model, start_model
+from tasks.pairs import given_pairs, make_pairs
 from tasks.plan import plan
 from tasks.rl import rl
-from tasks.sft import sft
+from tasks.sft import distill, dpo, reward_model, sft
 from tasks.summary import Summary, summarize
 
 
@@ -82,3 +97,59 @@ def eval_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "
     e = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset,
                  run_id=p.run_id)
     return e.report
+
+
+def _sft_or_start(p, d):
+    """The SFT model, or with sft.enabled=false the start model: a branch, so no SPMD pod starts to hand it on."""
+    s = start_model(model=p.model, run_id=p.run_id)
+    return (conditional("sft_or_start_model").if_(p.sft_enabled.is_true())
+            .then(sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
+                      start_model=s, run_id=p.run_id))
+            .else_().then(given_model(start=s)))
+
+
+def _pairs(p, d, m):
+    """Pairs sampled from model `m` on prompt data, or the user's preference data as they are."""
+    return (conditional("pairs_from_samples_or_data").if_(p.pairs_from_samples.is_true())
+            .then(make_pairs(cfg=p.pairs, reward=p.reward, model=m, dataset=d.dataset, run_id=p.run_id))
+            .else_().then(given_pairs(dataset=d.dataset)))
+
+
+@workflow
+def dpo_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> Summary:
+    """data prep -> SFT -> evaluation -> preference pairs from the SFT model's own samples -> DPO -> evaluation."""
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
+    m = _sft_or_start(p, d)
+    e1 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset, run_id=p.run_id)
+    pairs = _pairs(p, d, m)
+    r = dpo(model=p.model, dpo=p.dpo, tracking=p.tracking, pairs=pairs, start_model=m, run_id=p.run_id)
+    e2 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=r, dataset=d.dataset, run_id=p.run_id)
+    return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e1.report, rl_model=r,
+                     rl_eval=e2.report, second_stage="dpo")
+
+
+@workflow
+def reward_model_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> ArtifactRef:
+    """data prep -> SFT -> preference pairs from the SFT model's own samples -> reward model (the SFT model's body
+    with a scalar head) -> pairwise accuracy on the held-out pairs; returns that `eval` artifact."""
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
+    m = _sft_or_start(p, d)
+    pairs = _pairs(p, d, m)
+    rm = reward_model(model=p.model, reward_model=p.reward_model, tracking=p.tracking, pairs=pairs, start_model=m,
+                      run_id=p.run_id)
+    return evaluate_reward_model(reward_model=rm, pairs=pairs, run_id=p.run_id)
+
+
+@workflow
+def distill_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> Summary:
+    """data prep -> distillation of distill.teacher into the student (model.base_path / model.artifact, or a fresh
+    model of the `model` section with the teacher's tokenizer) on the demonstrations -> evaluation."""
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    d = data_prep(cfg=p.data, require_completions=True, run_id=p.run_id)
+    s = start_model(model=p.model, run_id=p.run_id)
+    k = distill(model=p.model, distill=p.distill, tracking=p.tracking, dataset=d.dataset, start_model=s,
+                run_id=p.run_id)
+    e = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=k, dataset=d.dataset, run_id=p.run_id)
+    return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=k, sft_eval=e.report, rl_model=None, rl_eval=None)

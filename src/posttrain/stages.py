@@ -10,6 +10,7 @@ a changed setting is noticed, while an RL setting never invalidates data prep or
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,13 +23,18 @@ from posttrain.artifacts.state import StateDir
 from posttrain.config import (
     ConfigError,
     DataConfig,
+    DistillConfig,
+    DPOConfig,
     EvalConfig,
     ModelConfig,
+    Objective,
+    PairsConfig,
     PlacementConfig,
     RewardConfig,
     RLConfig,
     SFTConfig,
     TrackingConfig,
+    objective_of,
     to_dict,
 )
 from posttrain.wandb_run import WandbRun
@@ -100,35 +106,51 @@ def start_model(model: ModelConfig, *, run_id: str, store: ArtifactStore | None 
     unique prefix, or `channel:NAME` - the model that channel holds now), or the `model.base_path` folder stored as an artifact - by content, so the same folder
     always gives the same id and is copied into the store only once (a later call re-hashes it, which notices
     an edited file, and copies nothing). None for a from-scratch model (neither is set)."""
-    from posttrain.artifacts import ArtifactNotFoundError
-
     store = store or ArtifactStore()
     if model.artifact:
-        artifact = _from_channel(model.artifact, store)
-        try:
-            ref = store.ref(artifact)
-        except ArtifactNotFoundError as e:
-            raise ArtifactNotFoundError(f"model.artifact: {e}") from None
-        if ref.kind != "model":
-            raise ConfigError(f"model.artifact: {model.artifact!r} is a {ref.kind} artifact ({ref.short} {ref.name}), "
-                              f"not a model")
-        print(f"start_model: model artifact {ref.short} ({ref.name})")
-        return ref
+        return _stored_model(model.artifact, "model.artifact", store)
     if not model.base_path:
         return None
-    base = Path(os.path.abspath(os.path.expanduser(model.base_path)))
-    if not base.is_dir():
-        raise FileNotFoundError(f"model.base_path: {base} is not a folder (expected a local HF model folder)")
-    if not any(base.glob("*.safetensors")):
-        raise FileNotFoundError(f"model.base_path: {base} holds no *.safetensors weights (only safetensors are "
-                                f"loaded; convert other formats first)")
-    ref = store.put("model", f"base-{base.name}", base, run_id=run_id, parents=[], config={"base_path": str(base)},
-                    extra={"stage": "base"})
-    print(f"start_model: {base} -> model artifact {ref.short}")
+    return _folder_model(model.base_path, "model.base_path", run_id, store)
+
+
+def model_ref(spec: str, setting: str, *, run_id: str, store: ArtifactStore | None = None) -> ArtifactRef:
+    """A model named by a setting that takes "an artifact id (or unique prefix), a local HF folder, or
+    `channel:NAME`" (dpo.reference, distill.teacher): a folder is stored by content like model.base_path."""
+    store = store or ArtifactStore()
+    if not spec.startswith("channel:") and (os.sep in spec or spec.startswith((".", "~")) or Path(spec).is_dir()):
+        return _folder_model(spec, setting, run_id, store)
+    return _stored_model(spec, setting, store)
+
+
+def _stored_model(spec: str, setting: str, store: ArtifactStore) -> ArtifactRef:
+    from posttrain.artifacts import ArtifactNotFoundError
+
+    artifact = _from_channel(spec, store, setting)
+    try:
+        ref = store.ref(artifact)
+    except ArtifactNotFoundError as e:
+        raise ArtifactNotFoundError(f"{setting}: {e}") from None
+    if ref.kind != "model":
+        raise ConfigError(f"{setting}: {spec!r} is a {ref.kind} artifact ({ref.short} {ref.name}), not a model")
+    print(f"{setting}: model artifact {ref.short} ({ref.name})")
     return ref
 
 
-def _from_channel(artifact: str, store: ArtifactStore) -> str:
+def _folder_model(path: str, setting: str, run_id: str, store: ArtifactStore) -> ArtifactRef:
+    base = Path(os.path.abspath(os.path.expanduser(path)))
+    if not base.is_dir():
+        raise FileNotFoundError(f"{setting}: {base} is not a folder (expected a local HF model folder)")
+    if not any(base.glob("*.safetensors")):
+        raise FileNotFoundError(f"{setting}: {base} holds no *.safetensors weights (only safetensors are "
+                                f"loaded; convert other formats first)")
+    ref = store.put("model", f"base-{base.name}", base, run_id=run_id, parents=[], config={"base_path": str(base)},
+                    extra={"stage": "base"})
+    print(f"{setting}: {base} -> model artifact {ref.short}")
+    return ref
+
+
+def _from_channel(artifact: str, store: ArtifactStore, setting: str = "model.artifact") -> str:
     """`channel:NAME` -> the id of the model the channel holds (ConfigError when it holds none); else as given."""
     if not artifact.startswith("channel:"):
         return artifact
@@ -137,18 +159,26 @@ def _from_channel(artifact: str, store: ArtifactStore) -> str:
     name = artifact.removeprefix("channel:")
     held = current(name, store)
     if held is None:
-        raise ConfigError(f"model.artifact: {artifact!r}: channel {name!r} holds no model yet in {store.root} (no "
+        raise ConfigError(f"{setting}: {artifact!r}: channel {name!r} holds no model yet in {store.root} (no "
                           f"promotion so far); start from a model id or base_path for the first run")
-    print(f"start_model: channel {name} holds model {held['model_id'][:12]}")
+    print(f"{setting}: channel {name} holds model {held['model_id'][:12]}")
     return held["model_id"]
 
 
 def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, dataset: ArtifactRef,
-                  tokenizer: ArtifactRef | None, start: ArtifactRef | None) -> str:
-    # The start model counts by its content id, not by where the user's folder lies.
+                  tokenizer: ArtifactRef | None, start: ArtifactRef | None, frozen: ArtifactRef | None = None) -> str:
+    # The start model counts by its content id, not by where the user's folder lies; so do the frozen model and
+    # the start model for the settings that name them (dpo.reference, distill.teacher).
     model_part = {**to_dict(model), "base_path": "", "artifact": ""}
-    return store.cache_key("sft", model_part, _without_keep_state(sft), dataset.id, tokenizer.id if tokenizer else None,
-                           start.id if start else None, source_digest("sft", "models", "data/chat.py"))
+    objective = objective_of(sft)
+    cfg = _without_keep_state(sft)
+    for named in ("reference", "teacher"):
+        cfg.pop(named, None)
+    parts = (model_part, cfg, dataset.id, tokenizer.id if tokenizer else None, start.id if start else None)
+    if objective == Objective.SFT:  # SFT's key as it always was: its cached models stay valid
+        return store.cache_key("sft", *parts, source_digest("sft", "models", "data/chat.py"))
+    return store.cache_key(objective.value, *parts, frozen.id if frozen else None,
+                           source_digest("sft", "models", "data/chat.py"))
 
 
 def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dataset: ArtifactRef,
@@ -159,57 +189,140 @@ def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dat
     `start` is the model to fine-tune (from `start_model`; resolved here from `model` when not given, None
     for a from-scratch model). Its weights are loaded from the artifact's folder, so what lineage records is
     what was trained. With `sft.enabled` false, `start` is returned as it is, untrained."""
+    return train(model, sft_cfg, tracking, dataset=dataset, tokenizer=tokenizer, run_id=run_id, start=start,
+                 store=store)
+
+
+def train(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *, dataset: ArtifactRef,
+          tokenizer: ArtifactRef | None, run_id: str, start: ArtifactRef | None = None,
+          frozen: ArtifactRef | None = None, store: ArtifactStore | None = None) -> ArtifactRef | None:
+    """Any dense objective - SFT, DPO, reward model, distillation: `cfg`'s class decides (posttrain.sft.objectives)
+    - on every rank of the SPMD group; rank 0 stores the result and returns its handle (a `reward_model` artifact
+    for a reward model, a `model` otherwise), whose parents are the dataset, the tokenizer, the start model and
+    the frozen model (DPO's reference, the teacher).
+
+    `frozen`: the DPO reference (default: `start`) or the distillation teacher (resolved from distill.teacher
+    when not given). A distilled student without a start model is built fresh with the TEACHER's tokenizer
+    (`tokenizer` is then not used); every frozen model must share the trained model's tokenizer (checked first)."""
+    from posttrain.models.io import check_same_tokenizer
     from posttrain.sft import run_sft
 
     store = store or ArtifactStore()
+    objective = objective_of(cfg)
+    stage = objective.value
     rank = int(os.environ.get("RANK", "0"))
     if start is None and (model.base_path or model.artifact):
         start = start_model(model, run_id=run_id, store=store)  # same content -> same id on every rank
-    if not sft_cfg.enabled:
+    if not cfg.enabled:
         if start is None:
-            raise ConfigError("sft.enabled: false needs a model to start from: set model.base_path or model.artifact")
+            raise ConfigError(f"{stage}.enabled: false needs a model to start from: set model.base_path or "
+                              "model.artifact")
         if rank == 0:
-            print(f"sft: disabled (sft.enabled=false): passing model {start.short} through untrained")
+            print(f"{stage}: disabled ({stage}.enabled=false): passing model {start.short} through untrained")
         return start if rank == 0 else None
-    key = sft_cache_key(store, model, sft_cfg, dataset, tokenizer, start)
+    frozen = _frozen_model(cfg, start, frozen, run_id, store)
+    if objective == Objective.DISTILL:
+        tokenizer = None  # the student speaks the teacher's tokens
+    key = sft_cache_key(store, model, cfg, dataset, tokenizer, start, frozen)
     hit = store.cache_get(key)
     if hit is not None:  # every rank sees the same hit, so no rank waits on a collective
         if rank == 0:
-            print(f"sft: cache hit -> model {hit.short}")
+            print(f"{stage}: cache hit -> {hit.kind} {hit.short}")
         return hit if rank == 0 else None
 
     ds_dir = store.get(dataset)
-    tok_dir = store.get(tokenizer) if tokenizer else None
     base_dir = store.get(start) if start else None
+    frozen_dir = store.get(frozen) if frozen else None
+    tok_dir = frozen_dir if objective == Objective.DISTILL else (store.get(tokenizer) if tokenizer else None)
+    if frozen is not None and base_dir is not None:  # before any training: one vocabulary, or the math is meaningless
+        check_same_tokenizer(base_dir, frozen_dir, names=(f"the start model {start.short}",
+                                                         f"{_frozen_setting(objective)} {frozen.short}"))
     # Before any training: every rank measures (cheap) so that all of them stop on a budget that cannot fit.
     _check_budget(ds_dir, base_dir or tok_dir, max_seq_len=model.max_seq_len, max_new_tokens=0, sft=True,
                   setting="")
-    state = StateDir.under_store(store.root, "sft", key)  # stable across retries and nodes: a killed run resumes
+    state = StateDir.under_store(store.root, stage, key)  # stable across retries and nodes: a killed run resumes
     if rank == 0:
-        print(f"sft: state in {state}", flush=True)
-    parents = [dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
-    wandb_run = WandbRun.for_stage(
-        tracking, stage="sft", run_id=run_id, store=store, settings={"model": model, "sft": sft_cfg},
-        inputs={"dataset": dataset.id, "tokenizer": tokenizer.id if tokenizer else None,
-                "start_model": start.id if start else None}) if rank == 0 else None
-    with _finished_on_error(wandb_run), tempfile.TemporaryDirectory(prefix="posttrain-sft-") as tmp:
+        print(f"{stage}: state in {state}", flush=True)
+    parents = ([dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
+               + ([frozen.id] if frozen and frozen != start else []))
+    inputs = {"dataset": dataset.id, "tokenizer": tokenizer.id if tokenizer else None,
+              "start_model": start.id if start else None}
+    if frozen is not None:
+        inputs[_frozen_setting(objective).split(".")[-1]] = frozen.id
+    wandb_run = WandbRun.for_stage(tracking, stage=stage, run_id=run_id, store=store,
+                                   settings={"model": model, stage: cfg}, inputs=inputs) if rank == 0 else None
+    with _finished_on_error(wandb_run), tempfile.TemporaryDirectory(prefix=f"posttrain-{stage}-") as tmp:
         out_dir = Path(tmp) / "model"
-        metrics = run_sft(model_cfg=model, sft_cfg=sft_cfg, tracking_cfg=tracking, dataset_dir=ds_dir,
+        metrics = run_sft(model_cfg=model, sft_cfg=cfg, tracking_cfg=tracking, dataset_dir=ds_dir,
                           tokenizer_dir=tok_dir, base_model_dir=base_dir, out_dir=out_dir,
-                          state_dir=state, run_name=f"sft-{run_id}", wandb_run=wandb_run)
+                          state_dir=state, run_name=f"{stage}-{run_id}", wandb_run=wandb_run,
+                          frozen_model_dir=frozen_dir)
         history = metrics.pop("history")  # per-step numbers: the manifest's extra, which the id does not cover
         if rank != 0:
             return None
-        ref = store.put("model", f"sft-{dataset.name}", out_dir, run_id=run_id, parents=parents,
-                        config={"model": to_dict(model), "sft": to_dict(sft_cfg)}, metrics=metrics,
-                        extra={"start_model": start.id if start else None, "stage": "sft", "history": history},
+        kind = "reward_model" if objective == Objective.REWARD_MODEL else "model"
+        ref = store.put(kind, f"{stage}-{dataset.name}", out_dir, run_id=run_id, parents=parents,
+                        config={"model": to_dict(model), stage: to_dict(cfg)}, metrics=metrics,
+                        extra={"start_model": start.id if start else None, "stage": stage, "history": history,
+                               **({"frozen_model": frozen.id} if frozen else {})},
                         world_size=int(os.environ.get("WORLD_SIZE", "1")))
         if wandb_run is not None:
-            wandb_run.finish(outputs={"model": ref.id})
+            wandb_run.finish(outputs={kind: ref.id})
     store.cache_put(key, ref)
-    if not sft_cfg.keep_state:  # only after the model is stored: a failed run keeps its state and resumes
+    if not cfg.keep_state:  # only after the model is stored: a failed run keeps its state and resumes
         _drop_state(state)
-    print(f"sft: model {ref.short} (final loss {metrics.get('loss', float('nan')):.4f})")
+    print(f"{stage}: {kind} {ref.short} (final loss {metrics.get('loss', float('nan')):.4f})")
+    return ref
+
+
+def _frozen_setting(objective: Objective) -> str:
+    return {Objective.DPO: "dpo.reference", Objective.DISTILL: "distill.teacher"}[objective]
+
+
+def _frozen_model(cfg: SFTConfig, start: ArtifactRef | None, given: ArtifactRef | None, run_id: str,
+                  store: ArtifactStore) -> ArtifactRef | None:
+    """The objective's frozen model: DPO's reference (dpo.reference, else the start model), the distillation
+    teacher (distill.teacher, required); None for SFT and reward models."""
+    if given is not None:
+        return given
+    if isinstance(cfg, DPOConfig):
+        if cfg.reference:
+            return model_ref(cfg.reference, "dpo.reference", run_id=run_id, store=store)
+        if start is None:
+            raise ConfigError("dpo.reference: DPO needs a reference model: give dpo.reference, or start DPO from a "
+                              "model (model.base_path / model.artifact, or after SFT)")
+        return start
+    if isinstance(cfg, DistillConfig):
+        if not cfg.teacher:
+            raise ConfigError("distill.teacher: distillation needs a teacher: a model artifact id, a local HF "
+                              "folder or channel:NAME")
+        return model_ref(cfg.teacher, "distill.teacher", run_id=run_id, store=store)
+    return None
+
+
+def pairs(cfg: PairsConfig, reward: RewardConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,
+          store: ArtifactStore | None = None) -> ArtifactRef:
+    """Preference pairs from `model`'s own samples of the dataset's prompts (posttrain.pairs): a `dataset`
+    artifact of preference examples whose parents are the model and the prompts."""
+    from posttrain.pairs import make_pairs
+
+    store = store or ArtifactStore()
+    key = store.cache_key("pairs", to_dict(cfg), to_dict(reward), model.id, dataset.id,
+                          source_digest("pairs.py", "eval", "models", "rewards.py", "data/verifiers.py"))
+    hit = store.cache_get(key)
+    if hit is not None:
+        print(f"pairs: cache hit -> dataset {hit.short}")
+        return hit
+    with tempfile.TemporaryDirectory(prefix="posttrain-pairs-") as tmp:
+        info = make_pairs(store.get(model), store.get(dataset), cfg, reward, Path(tmp) / "pairs")
+        ref = store.put("dataset", f"pairs-{dataset.name}", Path(tmp) / "pairs", run_id=run_id,
+                        parents=[model.id, dataset.id], config={"pairs": to_dict(cfg), "reward": to_dict(reward)},
+                        metrics={"num_train": info.num_train, "num_eval": info.num_eval,
+                                 "all_correct": info.all_correct, "all_wrong": info.all_wrong,
+                                 "reward_failures": info.reward_failures},
+                        extra={"schema": "preference", "stage": "pairs", "source_model": model.id})
+    store.cache_put(key, ref)
+    print(f"pairs: dataset {ref.short} ({info.num_train} train / {info.num_eval} eval pairs from model {model.short})")
     return ref
 
 
@@ -263,6 +376,35 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
           + (f"; {failures}/{m.get('reward_calls')} reward calls failed (see the report)" if failures else ""))
     return EvalOutputs(report=ref, greedy_accuracy=m["greedy_accuracy"], sampled_accuracy=sampled, pass_at_k=pass_k,
                        reward_failures=failures)
+
+
+def evaluate_reward_model(*, reward_model: ArtifactRef, pairs: ArtifactRef, run_id: str, num_pairs: int = 0,
+                          store: ArtifactStore | None = None) -> ArtifactRef:
+    """Pairwise accuracy and score distributions of a reward model on the eval pairs of a preference dataset
+    (posttrain.eval.pairwise) -> an `eval` artifact whose parents are the reward model and the pairs."""
+    from posttrain.eval.pairwise import evaluate_pairs
+
+    store = store or ArtifactStore()
+    key = store.cache_key("eval_pairs", num_pairs, reward_model.id, pairs.id,
+                          source_digest("eval/pairwise.py", "models", "data/examples.py"))
+    ref = store.cache_get(key)
+    if ref is None:
+        result = evaluate_pairs(store.get(reward_model), store.get(pairs), num_pairs=num_pairs)
+        with tempfile.TemporaryDirectory(prefix="posttrain-eval-pairs-") as tmp:
+            (Path(tmp) / "pairwise.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+            metrics = {"pairwise_accuracy": result["pairwise_accuracy"], "num_pairs": result["num_pairs"],
+                       "chosen_mean": result["chosen"]["mean"], "rejected_mean": result["rejected"]["mean"],
+                       "margin_mean": result["margin_mean"]}
+            ref = store.put("eval", f"eval-{reward_model.name}", Path(tmp), run_id=run_id,
+                            parents=[reward_model.id, pairs.id],
+                            config={"num_pairs": num_pairs, "dataset_id": pairs.id, "model_id": reward_model.id},
+                            metrics=metrics, extra={"stage": "eval_pairs"})
+        store.cache_put(key, ref)
+    m = store.manifest(ref.id).metrics
+    print(f"eval {ref.short} of reward model {reward_model.short}: pairwise accuracy {m['pairwise_accuracy']:.3f} on "
+          f"{m['num_pairs']} held-out pairs (mean score chosen {m['chosen_mean']:+.3f}, rejected "
+          f"{m['rejected_mean']:+.3f})")
+    return ref
 
 
 def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, tracking: TrackingConfig, *,
@@ -357,4 +499,4 @@ def _drop_state(state: StateDir) -> None:
     """Delete a finished stage's resumable state (checkpoints, optimizer, step log): once the final model is
     stored, the state only costs disk."""
     state.drop()
-    print(f"state: deleted {state} (set sft.keep_state / rl.keep_state to keep it)")
+    print(f"state: deleted {state} (set keep_state in the stage's section, e.g. sft.keep_state, to keep it)")

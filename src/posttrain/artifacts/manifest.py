@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 SCHEMA_VERSION = 1
-KINDS = ("dataset", "tokenizer", "model", "eval", "decision")
+KINDS = ("dataset", "tokenizer", "model", "reward_model", "eval", "decision")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +39,8 @@ class Manifest:
     def stage(self) -> str:
         """What made the artifact: its kind, or for a model the stage that stored it (`extra["stage"]`: base or
         sft; RL checkpoints record their `policy_version` instead); "model" when neither says."""
-        if self.kind != "model":
-            return self.kind
+        if self.kind != "model":  # an eval of a reward model says so (eval_pairs); pairs datasets say "pairs"
+            return self.extra.get("stage", self.kind) if self.kind in ("eval", "dataset") else self.kind
         return "rl" if "policy_version" in self.extra else self.extra.get("stage", "model")
 
     def to_json(self) -> str:

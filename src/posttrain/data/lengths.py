@@ -21,7 +21,7 @@ from pathlib import Path
 
 from posttrain.config import ConfigError
 from posttrain.data.chat import encode_prompt, tokenize_for_training
-from posttrain.data.examples import prompt_messages, read_examples
+from posttrain.data.examples import is_preference, pair_conversations, prompt_messages, read_examples
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,9 +58,9 @@ def check_budget(dataset_dir: str | Path, tokenizer, *, max_seq_len: int, max_ne
         for line, ex in enumerate(read_examples(dataset_dir, split), start=1):
             n_prompt = len(encode_prompt(tokenizer, prompt_messages(ex)))
             n_conv = None
-            if sft:
-                ids, _ = tokenize_for_training(tokenizer, ex["messages"], sys.maxsize)
-                n_conv = len(ids)
+            if sft:  # a preference pair: the longer of its two conversations
+                convs = pair_conversations(ex) if is_preference(ex) else [ex["messages"]]
+                n_conv = max(len(tokenize_for_training(tokenizer, c, sys.maxsize)[0]) for c in convs)
             rows.append((split, line, ex, n_prompt, n_conv))
     if not rows:
         raise ConfigError(f"{dataset_dir}: no rows in split(s) {list(splits)} to measure")

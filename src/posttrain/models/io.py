@@ -135,6 +135,12 @@ def save_model(model: PreTrainedModel, tokenizer, out_dir: str | Path) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = getattr(model, "module", model)
+    if not hasattr(model, "generation_config"):  # not a generative model (a reward model): nothing to complete
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        _portable_config(out / "config.json")
+        _portable_tokenizer_config(out, tokenizer)
+        return
     own = model.generation_config
     gen = copy.deepcopy(own) if own is not None else GenerationConfig()
     eos = list(dict.fromkeys(_as_ids(gen.eos_token_id) + _as_ids(tokenizer.eos_token_id)))
@@ -184,3 +190,26 @@ def _portable_tokenizer_config(out: Path, tokenizer) -> None:
     if cfg.get("pad_token") is None and tokenizer.pad_token is not None:
         cfg["pad_token"] = tokenizer.pad_token
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+# ------------------------------------------------------------------------------------------- checks
+
+
+def check_same_tokenizer(a_dir: str | Path, b_dir: str | Path, *, names: tuple[str, str]) -> None:
+    """Refuse two models whose tokenizers differ (vocabulary, pad/EOS tokens, chat template), naming both:
+    a token-level comparison (DPO's reference, a distillation teacher) between them would be meaningless."""
+    a, b = load_tokenizer(a_dir), load_tokenizer(b_dir)
+    diffs = []
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        only = sorted(set(va) ^ set(vb))[:3]
+        moved = [t for t in va if t in vb and va[t] != vb[t]][:3]
+        diffs.append(f"vocabularies differ ({len(va)} vs {len(vb)} tokens"
+                     + (f"; e.g. only in one: {only}" if only else "") + (f"; other ids: {moved}" if moved else "") + ")")
+    for attr in ("eos_token", "pad_token"):
+        if getattr(a, attr) != getattr(b, attr):
+            diffs.append(f"{attr} {getattr(a, attr)!r} vs {getattr(b, attr)!r}")
+    if (a.chat_template or "") != (b.chat_template or ""):
+        diffs.append("chat templates differ")
+    if diffs:
+        raise ValueError(f"{names[0]} ({a_dir}) and {names[1]} ({b_dir}) must share a tokenizer: " + "; ".join(diffs))

@@ -30,7 +30,7 @@ CHAT_TEMPLATE = (
 
 def tokenizer_training_texts(dataset_dir: str | Path) -> Iterator[str]:
     for ex in read_examples(dataset_dir, "train"):
-        for m in ex["messages"]:
+        for m in ex["messages"] + ex.get("chosen", []) + ex.get("rejected", []):  # pairs: both completions too
             yield m["content"]
 
 

@@ -51,6 +51,12 @@ def _logits(model, b: Batch, device, autocast: bool) -> torch.Tensor:
                      attention_mask=b.attention_mask.to(device), use_cache=False).logits  # (B, T, V)
 
 
+def _demonstration(example: dict) -> list[dict]:
+    """The conversation SFT (and distillation) trains on: the example's turns, or for a preference pair the
+    prompt followed by the chosen completion."""
+    return example["messages"] + example["chosen"] if "chosen" in example else example["messages"]
+
+
 class SFTObjective:
     """Cross-entropy on the demonstrations' assistant tokens."""
 
@@ -59,11 +65,11 @@ class SFTObjective:
     pairs = False
 
     def encode(self, example: dict, tokenizer, max_len: int) -> tuple[Sequence, ...] | None:
-        enc = tokenize_for_training(tokenizer, example["messages"], max_len)
+        enc = tokenize_for_training(tokenizer, _demonstration(example), max_len)
         return None if enc is None else (enc,)
 
     def trains_on(self, example: dict) -> bool:
-        return example["messages"][-1]["role"] == "assistant"
+        return _demonstration(example)[-1]["role"] == "assistant"
 
     def counts(self, batches: list[Batch]) -> dict[str, float]:
         return {"loss_tokens": float(sum(b.num_loss_tokens for b in batches))}

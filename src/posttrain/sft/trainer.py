@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from posttrain.artifacts.state import StateDir, read_file, write_file
-from posttrain.config import ModelConfig, Objective, Parallelism, SFTConfig, TrackingConfig
+from posttrain.config import ModelConfig, Objective, Parallelism, SFTConfig, TrackingConfig, objective_of
 from posttrain.data.examples import read_examples
 from posttrain.models.io import enable_gradient_checkpointing, load_model, load_tokenizer, save_model
 from posttrain.models.reward_model import TokenScores, build_reward_model
@@ -166,12 +166,13 @@ class Shards:
 
 def _check_world(cfg: SFTConfig, info: DistInfo) -> None:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    name = objective_of(cfg).value  # the config section: sft, dpo, reward_model, distill
     if local != cfg.nproc:
-        raise ValueError(f"sft.nproc={cfg.nproc} but the launcher started {local} processes per node "
+        raise ValueError(f"{name}.nproc={cfg.nproc} but the launcher started {local} processes per node "
                          f"(Elastic nproc_per_node / POSTTRAIN_SFT_NPROC); make them agree")
     if cfg.global_batch_size % (cfg.micro_batch_size * info.world_size):
-        raise ValueError(f"sft.global_batch_size={cfg.global_batch_size} must be a multiple of "
-                         f"sft.micro_batch_size * world_size = {cfg.micro_batch_size * info.world_size}")
+        raise ValueError(f"{name}.global_batch_size={cfg.global_batch_size} must be a multiple of "
+                         f"{name}.micro_batch_size * world_size = {cfg.micro_batch_size * info.world_size}")
 
 
 HISTORY_KEYS = ("loss", "lr", "grad_norm", "tokens_per_s")
@@ -209,7 +210,7 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     optimizer = make_optimizer(model, sft_cfg)
     shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
     state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
-    start, wandb_id, history = load_state(state, model, optimizer)
+    start, wandb_id, history = load_state(state, model, optimizer, objective.name.value)
     tracker = Tracker(tracking_cfg, info.rank, run_name, total=sft_cfg.steps, start=start, wandb_run=wandb_run,
                       wandb_id=wandb_id)
     autocast = info.device.type == "cuda" and model_cfg.dtype.value == "bf16"
@@ -304,10 +305,10 @@ def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | Non
     dist.barrier()
 
 
-def load_state(state: StateDir, model, optimizer) -> tuple[int, str | None, list[dict]]:
+def load_state(state: StateDir, model, optimizer, stage: str = "sft") -> tuple[int, str | None, list[dict]]:
     """Restore the newest committed state; returns (step to start from, wandb run id, per-step history so far:
     empty for state saved before histories were kept). When it resumes, rank 0
-    prints `sft: resuming at step N of saved state <folder>` (N: the first step run now, as the metric lines
+    prints `<stage>: resuming at step N of saved state <folder>` (N: the first step run now, as the metric lines
     number it; steps before it are not redone)."""
     done = [n for n in state.names("step-") if state.exists(f"{n}/meta.json")]
     if not done:
@@ -325,5 +326,5 @@ def load_state(state: StateDir, model, optimizer) -> tuple[int, str | None, list
     if state.exists(rng):
         torch.set_rng_state(read_file(state.url(rng), lambda p: torch.load(p, weights_only=True))["cpu_rng"])
     if dist.get_rank() == 0:
-        print(f"sft: resuming at step {meta['step']} of saved state {state.url(last)}", flush=True)
+        print(f"{stage}: resuming at step {meta['step']} of saved state {state.url(last)}", flush=True)
     return meta["step"], meta.get("wandb_id"), meta.get("history", [])
