@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.report import pages
+from posttrain.report import pages, render_page
 from posttrain.report.html import document
 from tests.report_inputs import EXPECTED, build_store, decision
 
@@ -46,9 +46,11 @@ def browser():
 @pytest.fixture(scope="module")
 def fragments(tmp_path_factory) -> dict[str, str]:
     store, ids = build_store(tmp_path_factory.mktemp("decks"))
+    dense = {name: render_page(store, ids[name], standalone=False)  # the dense stages' pages, as their Decks
+             for name in ("dpo", "reward_model", "distill", "pairs", "eval_pairs", "preference_dataset")}
     return {"dataset": pages.dataset_page(store, ids["dataset"]), "sft": pages.sft_page(store, ids["sft"]),
             "rl": pages.rl_page(store, ids["rl"]), "eval": pages.eval_page(store, ids["rl_eval"]),
-            "promotion": pages.promotion_page(decision())}
+            "promotion": pages.promotion_page(decision()), **dense}
 
 
 def _flyte_deck(name: str, fragment: str) -> str:

@@ -73,3 +73,58 @@ def test_saved_checkpoint_loads_unchanged_in_transformers_457(folders, transform
     assert old["eos"] == new["eos"] == ([folders["user"], folders["eos"]] if name == "llama" else folders["eos"])
     cfg = json.loads((folders[name] / "config.json").read_text())
     assert cfg["rope_theta"] == (500000.0 if name == "llama" else 10000.0) and "quantization_config" not in cfg
+
+
+RM_SCRIPT = r"""
+import json, sys
+import torch, transformers
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+d = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(d)
+rm = AutoModelForSequenceClassification.from_pretrained(d, dtype=torch.float32).eval()
+convs = [[{"role": "user", "content": "12+34="}, {"role": "assistant", "content": a}] for a in ("046", "056", "46")]
+texts = [tok.apply_chat_template(c, tokenize=False) for c in convs]
+batch = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")  # right padding
+with torch.no_grad():
+    scores = rm(**batch).logits[:, 0].tolist()
+print("RESULT" + json.dumps({"version": transformers.__version__, "scores": scores, "labels": rm.config.num_labels,
+      "cls": type(rm).__name__}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_saved_reward_model_loads_unchanged_in_transformers_457(folders, transformers_457, tmp_path):
+    """A reward model as the trainer saves it (save_final: a fresh head on the llama body, weights set from the
+    trained state dict) is an AutoModelForSequenceClassification folder that 4.57 and 5.x score identically, and
+    both score as the trainer's per-position head does at the pooled token (TokenScores + collate's pool_index)."""
+    from posttrain.data.chat import tokenize_for_training
+    from posttrain.models.io import load_tokenizer, save_model
+    from posttrain.models.reward_model import TokenScores, build_reward_model
+    from posttrain.sft.batching import collate
+
+    tok = load_tokenizer(folders["tok"])
+    torch.manual_seed(3)
+    rm = build_reward_model(folders["llama"], tok)
+    with torch.no_grad():
+        rm.score.weight.normal_(0, 1.0)  # a head that separates the inputs, as a trained one does
+    save_model(rm, tok, tmp_path / "rm")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    runs = []
+    for path in (None, str(transformers_457)):
+        p = subprocess.run([sys.executable, "-c", RM_SCRIPT, str(tmp_path / "rm")], capture_output=True, text=True,
+                           timeout=300, env={**env, **({"PYTHONPATH": path} if path else {})})
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs.append(json.loads(p.stdout.split("RESULT", 1)[1]))
+    new, old = runs
+    assert old["version"] == "4.57.6" and new["version"].startswith("5.")
+    assert old["labels"] == new["labels"] == 1 and new["cls"] == "LlamaForSequenceClassification"
+    assert old["scores"] == pytest.approx(new["scores"], abs=1e-4)
+    assert len({round(s, 3) for s in new["scores"]}) == 3
+    convs = [[{"role": "user", "content": "12+34="}, {"role": "assistant", "content": a}] for a in ("046", "056", "46")]
+    batch = collate([tokenize_for_training(tok, c, 64) for c in convs], pack=True, pack_length=64,
+                    pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        per_position = TokenScores(rm.eval())(batch.input_ids, batch.position_ids, batch.attention_mask)
+    trained = per_position.reshape(-1)[batch.pool_index].tolist()  # packed rows, read where the trainer reads
+    assert trained == pytest.approx(new["scores"], abs=1e-4)

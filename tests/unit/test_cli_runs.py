@@ -127,3 +127,102 @@ def test_show_html_writes_the_artifacts_page(home, capsys, tmp_path):
     page = (tmp_path / "sft.html").read_text()
     assert status == 0 and out.startswith("model ") and page.lower().startswith("<!doctype html>")
     assert ids["sft_a"] in page and "holds no per-step history" in page  # the SFT page, of a model stored without
+
+
+@pytest.fixture
+def dense_home(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The dense pipelines as they store their artifacts (metrics and extras as stages.train, stages.pairs and
+    stages.evaluate_reward_model write them): run "dpo": data -> SFT -> eval -> pairs -> DPO -> eval (complete);
+    run "rm": pairs -> reward model -> pairwise eval (complete); run "kd": data -> distilled model (partial)."""
+    home, store, ids = tmp_path / "home", ArtifactStore(tmp_path / "home"), {}
+    ids["ds"] = _put(store, tmp_path, "dataset", "arith", "dpo", [], metrics={"num_train": 8})
+    ids["sft"] = _put(store, tmp_path, "model", "sft-arith", "dpo", [ids["ds"]], metrics={"loss": 0.25},
+                      extra={"stage": "sft", "history": []})
+    ids["sft_eval"] = _put(store, tmp_path, "eval", "eval-sft-arith", "dpo", [ids["sft"], ids["ds"]],
+                           metrics={"greedy_accuracy": 0.4, "num_problems": 10})
+    ids["pairs"] = _put(store, tmp_path, "dataset", "pairs-arith", "dpo", [ids["sft"], ids["ds"]],
+                        metrics={"num_train": 13, "num_eval": 9, "all_correct": 14, "all_wrong": 2,
+                                 "reward_failures": 0},
+                        extra={"schema": "preference", "stage": "pairs", "source_model": ids["sft"]})
+    ids["dpo"] = _put(store, tmp_path, "model", "dpo-pairs-arith", "dpo", [ids["pairs"], ids["sft"]],
+                      metrics={"loss": 0.61, "accuracy": 0.875, "rewards/margin": 0.079, "steps": 4},
+                      extra={"stage": "dpo", "start_model": ids["sft"], "frozen_model": ids["sft"], "history": []})
+    ids["dpo_eval"] = _put(store, tmp_path, "eval", "eval-dpo-pairs-arith", "dpo", [ids["dpo"], ids["ds"]],
+                           metrics={"greedy_accuracy": 0.5, "num_problems": 10})
+    ids["rm"] = _put(store, tmp_path, "reward_model", "reward_model-pairs-arith", "rm", [ids["pairs"], ids["sft"]],
+                     metrics={"loss": 0.68, "accuracy": 0.75, "scores/margin": 0.018},
+                     extra={"stage": "reward_model", "start_model": ids["sft"], "history": []})
+    ids["rm_eval"] = _put(store, tmp_path, "eval", "eval-reward_model-pairs-arith", "rm", [ids["rm"], ids["pairs"]],
+                          metrics={"pairwise_accuracy": 0.6667, "num_pairs": 9, "chosen_mean": 0.12,
+                                   "rejected_mean": 0.1, "margin_mean": 0.02}, extra={"stage": "eval_pairs"})
+    ids["kd"] = _put(store, tmp_path, "model", "distill-arith", "kd", [ids["ds"], ids["sft"]],
+                     metrics={"loss": 0.055, "ce": 5.39}, extra={"stage": "distill", "start_model": None,
+                                                                 "frozen_model": ids["sft"], "history": []})
+    return home, ids
+
+
+def _runs_text(capsys, root: Path) -> dict[str, str]:
+    status, out, _ = _cli(capsys, root, "runs")
+    assert status == 0
+    return {block.split()[1]: block for block in out.strip().split("\n\n")}
+
+
+def test_runs_list_dense_stages_with_their_key_metrics_and_status(dense_home, capsys):
+    root, ids = dense_home
+    runs = _runs_text(capsys, root)
+    dpo, rm, kd = runs["dpo"], runs["rm"], runs["kd"]
+    assert dpo.startswith("run dpo  complete")  # the last training stage (DPO) has an eval
+    assert [line.split()[0] for line in dpo.splitlines()[1:]] == ["dataset", "sft", "eval(sft)", "pairs", "dpo",
+                                                                 "eval(dpo)"]
+    assert f"sft        {ids['sft'][:12]}  sft-arith                final loss 0.25" in dpo
+    assert f"pairs      {ids['pairs'][:12]}" in dpo
+    assert "13 train / 9 eval pairs  (prompts all correct 14, all wrong 2)" in dpo
+    assert f"dpo        {ids['dpo'][:12]}" in dpo and "final loss 0.61  preference accuracy 0.875" in dpo
+    assert rm.startswith("run rm  complete")  # a reward model is complete with its pairwise eval
+    assert "final loss 0.68  accuracy 0.75" in rm
+    assert f"eval_pairs {ids['rm_eval'][:12]}" in rm and "pairwise accuracy 0.6667 on 9 pairs  margin 0.02" in rm
+    assert kd.startswith("run kd  partial (last stage: distill)") and "final loss 0.055  ce 5.39" in kd
+
+
+def test_a_reward_model_without_its_pairwise_eval_is_partial(dense_home, tmp_path, capsys):
+    root, ids = dense_home
+    _put(ArtifactStore(root), tmp_path, "reward_model", "reward_model-2", "rm2", [ids["pairs"], ids["sft"]],
+         metrics={"loss": 0.7}, extra={"stage": "reward_model"})
+    assert _runs_text(capsys, root)["rm2"].startswith("run rm2  partial (last stage: reward_model)")
+
+
+def test_runs_json_holds_each_stages_key_metrics(dense_home, capsys):
+    root, ids = dense_home
+    status, out, _ = _cli(capsys, root, "runs", "--json")
+    arts = {a["id"]: a for r in json.loads(out) for a in r["artifacts"]}
+    assert status == 0
+    assert arts[ids["dpo"]]["stage"] == "dpo" and arts[ids["dpo"]]["metrics"] == {
+        "loss": 0.61, "accuracy": 0.875, "rewards/margin": 0.079}
+    assert arts[ids["rm"]]["kind"] == "reward_model" and arts[ids["rm"]]["metrics"] == {"loss": 0.68, "accuracy": 0.75}
+    assert arts[ids["kd"]]["metrics"] == {"loss": 0.055, "ce": 5.39}
+    assert arts[ids["pairs"]]["stage"] == "pairs" and arts[ids["pairs"]]["metrics"]["num_train"] == 13
+    ev = arts[ids["rm_eval"]]
+    assert (ev["stage"], ev["model_id"], ev["model_stage"]) == ("eval_pairs", ids["rm"], "reward_model")
+    assert ev["metrics"] == {"pairwise_accuracy": 0.6667, "num_pairs": 9, "margin_mean": 0.02}
+
+
+def test_show_prints_dense_results_and_the_model_each_stage_used(dense_home, capsys):
+    root, ids = dense_home
+    status, out, _ = _cli(capsys, root, "show", ids["dpo"][:12])
+    assert status == 0 and "  stage    dpo\n" in out
+    assert "  result   final loss 0.61  preference accuracy 0.875\n" in out
+    assert f"  reference {ids['sft']}\n" in out and "accuracy = 0.875" in out
+    _, out, _ = _cli(capsys, root, "show", ids["kd"][:12])
+    assert "  result   final loss 0.055  ce 5.39\n" in out and f"  teacher  {ids['sft']}\n" in out
+    _, out, _ = _cli(capsys, root, "show", ids["pairs"][:12])
+    assert "  stage    pairs\n" in out and f"  source   {ids['sft']}\n" in out
+    _, out, _ = _cli(capsys, root, "show", ids["rm_eval"][:12])
+    assert "  stage    eval_pairs\n" in out and "  result   pairwise accuracy 0.6667 on 9 pairs  margin 0.02\n" in out
+    assert f"  parents  {ids['rm'][:12]}  reward_model reward_model-pairs-arith  (run rm)" in out
+
+    status, out, _ = _cli(capsys, root, "show", ids["dpo"], "--json")
+    key = json.loads(out)["key"]
+    assert status == 0 and key == {"stage": "dpo", "reference": ids["sft"],
+                                   "metrics": {"loss": 0.61, "accuracy": 0.875, "rewards/margin": 0.079}}
+    _, out, _ = _cli(capsys, root, "show", ids["rm_eval"], "--json")
+    assert json.loads(out)["key"]["metrics"]["pairwise_accuracy"] == 0.6667

@@ -1,5 +1,6 @@
-"""The report pages (posttrain.report): each builder's sections and charts, from real manifests; the data prep
-row report; and a Deck made by a task in a local flytekit execution."""
+"""The report pages (posttrain.report): each builder's sections and charts, from real manifests (the dense
+stages' - DPO, reward model, distillation, pairs, pairwise eval - made by the stages on a world of one); the data
+prep row report; and a Deck made by a task in a local flytekit execution."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ def _series(html: str, chart: str) -> set[str]:
 def _charts(html: str) -> dict[str, set[str]]:
     """Every chart of a page -> its series ids."""
     return {c: _series(html, c) for c in re.findall(r'<figure class="chart" id="chart-([a-z0-9-]+)"', html)}
+
+
+def pages_of(store, id_: str) -> str:
+    """The artifact's page as a Deck fragment, picked by render_page as the tasks and `posttrain show --html` do."""
+    return render_page(store, id_, standalone=False)
 
 
 def test_wilson_interval_stays_in_bounds_and_matches_known_values():
@@ -101,8 +107,107 @@ def test_render_page_shows_a_stored_decision(tmp_path):
 
 def test_render_page_picks_the_page_by_kind_and_stage(made):
     store, ids = made
-    titles = {k: re.search(r"<h1>(\w+)", render_page(store, i)).group(1) for k, i in ids.items()}
-    assert titles == {"dataset": "Dataset", "sft": "SFT", "rl": "RL", "sft_eval": "Eval", "rl_eval": "Eval"}
+    titles = {k: re.search(r"<h1>([\w ]+?) [\w-]+</h1>", render_page(store, i)).group(1) for k, i in ids.items()}
+    assert titles == {"dataset": "Dataset", "sft": "SFT", "rl": "RL", "sft_eval": "Eval", "rl_eval": "Eval",
+                      "dense_sft": "SFT", "pairs": "Pairs", "dpo": "DPO", "reward_model": "Reward model",
+                      "distill": "Distilled model", "eval_pairs": "Reward model eval",
+                      "preference_dataset": "Preference dataset"}
+
+
+# ------------------------------------------------------------------ dense stages (made by the stages themselves)
+
+
+def _summary(html: str) -> dict[str, str]:
+    """The Summary section's rows: {name: value as shown}."""
+    body = html[html.index('id="section-summary"'):]
+    body = body[:body.index("</section>")]
+    return dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", body))
+
+
+def test_dpo_page_draws_loss_implicit_rewards_and_accuracy_and_names_the_reference(made):
+    store, ids = made
+    m = store.manifest(ids["dpo"])
+    assert m.extra["frozen_model"] == ids["dense_sft"] and len(m.extra["history"]) == 4
+    html = pages_of(store, ids["dpo"])
+    assert _charts(html) == EXPECTED["dpo"]
+    facts = _summary(html)
+    assert facts["reference model"] == f"{ids['dense_sft'][:12]} (sft-addition, sft)"
+    assert facts["final preference accuracy"] == f"{m.metrics['accuracy']:.4g}"
+    assert facts["final reward margin"] == f"{m.metrics['rewards/margin']:.4g}" and facts["beta"] == "0.1"
+    assert "Implicit rewards" in html
+
+
+def test_reward_model_page_draws_scores_and_accuracy_and_its_held_out_accuracy(made):
+    store, ids = made
+    html = pages_of(store, ids["reward_model"])
+    assert _charts(html) == EXPECTED["reward_model"]
+    ev = store.manifest(ids["eval_pairs"])
+    assert _summary(html)[f"held-out pairwise accuracy (eval {ev.id[:12]})"] == f"{ev.metrics['pairwise_accuracy']:.4g}"
+
+
+def test_distill_page_draws_loss_and_cross_entropy_and_names_the_teacher(made):
+    store, ids = made
+    m = store.manifest(ids["distill"])
+    html = pages_of(store, ids["distill"])
+    assert _charts(html) == EXPECTED["distill"]
+    facts = _summary(html)
+    assert facts["teacher"] == f"{ids['dense_sft'][:12]} (sft-addition, sft)" and facts["start model"] == "from scratch"
+    assert facts["final cross-entropy"] == f"{m.metrics['ce']:.4g}"
+
+
+def test_pairs_page_counts_prompts_by_outcome_and_shows_sample_pairs(made):
+    store, ids = made
+    m = store.manifest(ids["pairs"])
+    html = pages_of(store, ids["pairs"])
+    assert _charts(html) == EXPECTED["pairs"]
+    counts = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", html))
+    assert counts["train pairs"] == str(m.metrics["num_train"]) and counts["eval pairs"] == str(m.metrics["num_eval"])
+    assert counts["prompts all correct"] == str(m.metrics["all_correct"])
+    assert counts["prompts all wrong"] == str(m.metrics["all_wrong"])
+    assert counts["source model"] == f"{ids['dense_sft'][:12]} (sft-addition, sft)"
+    samples = html[html.index('id="section-samples"'):]
+    assert samples.count("<tr>") == 1 + 5  # header and the first five pairs
+    # one bar per outcome, a zero-count one included
+    assert len(re.findall(r'id="prompts--series-prompts"', html)) == 3
+
+
+def test_preference_dataset_page_shows_rows_and_pairs_escaped(made):
+    store, ids = made
+    html = pages_of(store, ids["preference_dataset"])
+    assert _charts(html) == {**EXPECTED["preference_dataset"],
+                             "rows": EXPECTED["preference_dataset"]["rows"] | {"duplicates", "eval-prompt"}}
+    samples = html[html.index('id="section-samples"'):]
+    assert samples.count("<tr>") == 1 + 5 and samples.count("&lt;b&gt;") == 5 and "<b>" not in html
+
+
+def test_eval_pairs_page_shows_pairwise_accuracy_with_its_interval_and_both_histograms(made):
+    store, ids = made
+    r = json.loads((store.get(ids["eval_pairs"]) / "pairwise.json").read_text())
+    html = pages_of(store, ids["eval_pairs"])
+    assert _charts(html) == EXPECTED["eval_pairs"]
+    lo, hi = wilson(r["pairwise_accuracy"] * r["num_pairs"], r["num_pairs"])
+    assert (f"<td>pairwise accuracy</td><td>{r['pairwise_accuracy']:.4g}</td><td>{lo:.4g}</td><td>{hi:.4g}</td>"
+            in html) and "Wilson" in html
+    assert "held-out pairs" in html and f"of the {r['num_pairs']} held-out pairs" in html
+    for side in ("chosen", "rejected"):
+        assert f"{side} (n={sum(r['histogram'][side])})" in html  # the legend counts every binned pair
+        assert f"<td>{side}</td><td>{r[side]['mean']:.4g}</td>" in html
+    samples = html[html.index('id="section-samples"'):]
+    assert samples.count("<tr>") == 1 + len(r["samples"])
+
+
+@pytest.mark.parametrize("stage,kind", [("dpo", "model"), ("distill", "model"), ("reward_model", "reward_model")])
+def test_a_dense_model_without_history_gets_its_summary_and_a_note(tmp_path, stage, kind):
+    from posttrain.artifacts import ArtifactStore
+    from tests.files import write_folder
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    ref = store.put(kind, f"{stage}-old", write_folder(tmp_path, "m", {"w.txt": stage}), run_id="r", parents=[],
+                    config={}, metrics={"loss": 0.5}, extra={"stage": stage, "frozen_model": "f" * 64})
+    html = render_page(store, ref.id)
+    assert "holds no per-step history" in html and _charts(html) == {}
+    if stage != "reward_model":
+        assert f"{'f' * 12} (not in this store)" in html
 
 
 def test_data_prep_task_makes_a_deck_in_local_execution(tmp_path, monkeypatch):

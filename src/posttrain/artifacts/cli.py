@@ -1,7 +1,7 @@
 """The store's commands: list artifacts and runs, show one artifact or its lineage, verify files, rebuild the index.
 
-The `posttrain` console command (posttrain/cli.py) adds these to its own (`eval`, `channels`, `promote`); this module runs alone
-too (`python -m posttrain.artifacts.cli`) and imports nothing above the artifact store.
+The `posttrain` console command (posttrain/cli.py) adds these to its own (`eval`, `channels`, `promote`); this
+module runs alone too (`python -m posttrain.artifacts.cli`) and imports nothing above the artifact store.
 
     posttrain [--home ROOT] artifacts list [--kind K] [--run R] [--json]
     posttrain [--home ROOT] runs [--limit N] [--json]
@@ -45,7 +45,7 @@ def _key_config(m) -> dict:
 
 
 _KEYS = {"task", "num_digits", "num_examples", "vocab_size", "steps", "lr", "hidden_size", "num_layers",
-         "samples_per_prompt", "kl_coef", "num_problems", "k", "temperature", "nproc", "algorithm"}
+         "samples_per_prompt", "kl_coef", "num_problems", "k", "temperature", "nproc", "algorithm", "beta"}
 
 
 def render_lineage(node: LineageNode, indent: str = "") -> list[str]:
@@ -71,20 +71,42 @@ def _tree_json(node: LineageNode) -> dict:
 
 # ------------------------------------------------------------------------------------- runs and show
 
-STAGE_ORDER = ("dataset", "tokenizer", "base", "model", "sft", "rl", "eval", "decision")
+STAGE_ORDER = ("dataset", "tokenizer", "base", "model", "sft", "pairs", "dpo", "reward_model", "distill", "rl",
+               "eval", "eval_pairs", "decision")
 """Pipeline order: it breaks ties between artifacts created in the same second."""
+
+TRAINED = ("rl", "dpo", "reward_model", "distill", "sft")
+"""Training stages, last in a pipeline first: a run's final model is of the first of these it holds."""
 
 HEADLINE = ("greedy_accuracy", "sampled_accuracy", "pass_at_k", "num_problems")
 """An eval's key metrics (sampled accuracy and pass@k exist only with eval.k > 0)."""
 
+KEY_METRICS = {"eval": HEADLINE, "eval_pairs": ("pairwise_accuracy", "num_pairs", "margin_mean"),
+               "sft": ("loss",), "dpo": ("loss", "accuracy", "rewards/margin"), "reward_model": ("loss", "accuracy"),
+               "distill": ("loss", "ce"), "pairs": ("num_train", "num_eval", "all_correct", "all_wrong")}
+"""Per stage, the metrics `runs` lists beside the artifact (a trainer's are its last step's: `accuracy` is DPO's
+preference accuracy or a reward model's, on the last batch)."""
+
+_ROLES = {"dpo": ("frozen_model", "reference"), "distill": ("frozen_model", "teacher"),
+          "pairs": ("source_model", "source")}
+"""Per stage, the manifest extra naming the other model it used and what that model was to it."""
+
+
+def _roles(m: Manifest) -> dict[str, str]:
+    """{role: model id} of the model a stage used besides its start model: DPO's reference, the distillation
+    teacher, the model whose samples made a pairs dataset."""
+    key, role = _ROLES.get(m.stage, (None, None))
+    return {role: m.extra[key]} if key and m.extra.get(key) else {}
+
 
 def _entry(m: Manifest, by_id: dict[str, Manifest]) -> dict:
-    """One artifact of a run: its stage, ids, and for an eval the model it scored and its headline metrics."""
+    """One artifact of a run: its stage, ids, its key metrics, and for an eval the model it scored."""
     e = {"stage": m.stage, "id": m.id, "kind": m.kind, "name": m.name, "created": m.created}
     if m.kind == "eval":
-        model = next((by_id[p] for p in m.parents if p in by_id and by_id[p].kind == "model"), None)
-        e.update(model_id=model.id if model else None, model_stage=model.stage if model else None,
-                 metrics={k: m.metrics[k] for k in HEADLINE if k in m.metrics})
+        model = next((by_id[p] for p in m.parents if p in by_id and by_id[p].kind in ("model", "reward_model")), None)
+        e.update(model_id=model.id if model else None, model_stage=model.stage if model else None)
+    if m.stage in KEY_METRICS:
+        e["metrics"] = {k: m.metrics[k] for k in KEY_METRICS[m.stage] if k in m.metrics}
     return e
 
 
@@ -94,19 +116,21 @@ def _rank(s: str) -> int:
 
 def _order(e: dict) -> tuple:
     """Creation time, then pipeline order (an eval right after the stage of the model it scored)."""
-    rank = _rank(e.get("model_stage") or "eval") + 0.5 if e["stage"] == "eval" else _rank(e["stage"])
+    scored = e["stage"] in ("eval", "eval_pairs")
+    rank = _rank(e.get("model_stage") or e["stage"]) + 0.5 if scored else _rank(e["stage"])
     return e["created"], rank
 
 
 def run_status(arts: list[dict]) -> str:
     """The run's status: "complete" when its last training stage has a model and that model an eval in the run: an RL
-    model with an eval of it, or for a run without RL an SFT model with an eval of it; a run that trained
-    nothing (`posttrain eval`) is complete once it has an eval. Otherwise "partial (last stage: S)", S being
+    model with an eval of it, else a DPO, reward or distilled model with an eval of it (a reward model's is its
+    pairwise eval), else an SFT model with an eval of it; a run that trained nothing (`posttrain eval`) is
+    complete once it has an eval. Otherwise "partial (last stage: S)", S being
     the stage of the run's newest artifact. A stage served from the cache stored nothing in this run (its
     artifact belongs to the run that made it first), so it counts for that run, not this one."""
     stages = {a["stage"] for a in arts}
-    final = "rl" if "rl" in stages else "sft" if "sft" in stages else None
-    evaluated = {a["model_id"] for a in arts if a["stage"] == "eval"}
+    final = next((s for s in TRAINED if s in stages), None)
+    evaluated = {a["model_id"] for a in arts if a["stage"] in ("eval", "eval_pairs")}
     done = any(a["id"] in evaluated for a in arts if a["stage"] == final) if final else bool(evaluated)
     return "complete" if done else f"partial (last stage: {_label(arts[-1])})"
 
@@ -143,6 +167,26 @@ def _headline(metrics: dict) -> str:
             f"  pass@k {_fmt(metrics.get('pass_at_k'))}  on {_fmt(metrics.get('num_problems'))} problems")
 
 
+def _summary(stage: str, metrics: dict) -> str:
+    """A stage's key metrics in words ("" for a stage without any): an eval's accuracies, a reward model eval's
+    pairwise accuracy, a trainer's final loss (and DPO's preference accuracy, a reward model's accuracy, a
+    distilled model's cross-entropy), a pairs dataset's counts."""
+    g = metrics.get
+    if stage == "eval":
+        return _headline(metrics)
+    if stage == "eval_pairs":
+        return (f"pairwise accuracy {_fmt(g('pairwise_accuracy'))} on {_fmt(g('num_pairs'))} pairs"
+                f"  margin {_fmt(g('margin_mean'))}")
+    if stage == "pairs":
+        return (f"{_fmt(g('num_train'))} train / {_fmt(g('num_eval'))} eval pairs  (prompts all correct "
+                f"{_fmt(g('all_correct'))}, all wrong {_fmt(g('all_wrong'))})")
+    if stage in ("sft", "dpo", "reward_model", "distill") and "loss" in metrics:
+        extra = {"dpo": ("preference accuracy", "accuracy"), "reward_model": ("accuracy", "accuracy"),
+                 "distill": ("ce", "ce")}.get(stage)
+        return f"final loss {_fmt(g('loss'))}" + (f"  {extra[0]} {_fmt(g(extra[1]))}" if extra else "")
+    return ""
+
+
 def render_run(run: dict) -> list[str]:
     """A run as text: one line for the run, one per artifact; RL checkpoints collapse into the last one."""
     arts = run["artifacts"]
@@ -153,8 +197,8 @@ def render_run(run: dict) -> list[str]:
     for a in arts:
         if a["stage"] == "rl" and a is not rl[-1]:
             continue
-        note = (_headline(a["metrics"]) if a["stage"] == "eval" else
-                f"({len(rl)} checkpoints)" if a["stage"] == "rl" and len(rl) > 1 else "")
+        note = (f"({len(rl)} checkpoints)" if a["stage"] == "rl" and len(rl) > 1 else
+                _summary(a["stage"], a.get("metrics", {})))
         lines.append(f"  {_label(a):<10} {a['id'][:12]}  {a['name']:<24} {note}".rstrip())
     return lines
 
@@ -197,8 +241,10 @@ def render_show(m: Manifest, parents: list[dict]) -> list[str]:
                  + (" (dirty)" if code.get("git_dirty") else ""))
     n = len(m.files)
     lines.append(f"  files    {n} file{'' if n == 1 else 's'}, {_size(sum(f['size'] for f in m.files.values()))}")
-    if m.kind == "eval":
-        lines.append(f"  result   {_headline(m.metrics)}")
+    if _summary(m.stage, m.metrics):
+        lines.append(f"  result   {_summary(m.stage, m.metrics)}")
+    for role, model_id in _roles(m).items():
+        lines.append(f"  {role:<8} {model_id}")
     lines.extend(f"  {'metrics' if i == 0 else '':<8} {k} = {_fmt(v)}" for i, (k, v) in enumerate(m.metrics.items()))
     return lines
 
@@ -277,7 +323,9 @@ def run_command(args: argparse.Namespace) -> int:
         elif args.cmd == "show":
             m = store.manifest(args.id)
             parents = _parents(store, m)
-            print(json.dumps({"manifest": asdict(m), "parents": parents}, indent=2) if args.json
+            key = {"stage": m.stage, **_roles(m),
+                   "metrics": {k: m.metrics[k] for k in KEY_METRICS.get(m.stage, ()) if k in m.metrics}}
+            print(json.dumps({"manifest": asdict(m), "parents": parents, "key": key}, indent=2) if args.json
                   else "\n".join(render_show(m, parents)))
             if args.html:  # the same page as the stage's Flyte Deck, with its charts
                 from posttrain.report import render_page

@@ -12,10 +12,11 @@ rule. `score_conversations` scores with the pooled HF forward - what a user of t
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from posttrain.config import ModelConfig
 
@@ -45,7 +46,8 @@ def build_reward_model(base_dir: str | Path | None, tokenizer, model_cfg: ModelC
         from posttrain.models.tiny import build_model
 
         lm = build_model(model_cfg, tokenizer)
-        cfg = AutoConfig.for_model(lm.config.model_type, **{**lm.config.to_dict(), "num_labels": 1})
+        cfg = copy.deepcopy(lm.config)
+        cfg.num_labels = 1
         rm = AutoModelForSequenceClassification.from_config(cfg, attn_implementation="sdpa")
         getattr(rm, rm.base_model_prefix).load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
     rm.config.pad_token_id = tokenizer.pad_token_id

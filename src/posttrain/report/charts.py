@@ -136,3 +136,18 @@ def stacked_area(name: str, title: str, x: Sequence[float], series: Mapping[str,
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     return _svg(fig, name, title)
+
+
+@_styled
+def binned_histogram(name: str, title: str, edges: Sequence[float], series: Mapping[str, Sequence[int]], *,
+                     xlabel: str, ylabel: str = "count") -> str:
+    """Overlaid step histograms of counts already binned on shared `edges` (len(edges) == len(counts) + 1), e.g.
+    the score histograms a reward model's eval stores."""
+    fig = Figure(figsize=_SIZE)
+    ax = fig.add_subplot()
+    for label, counts in series.items():
+        ax.stairs(counts, edges, linewidth=1.5, label=f"{label} (n={sum(counts)})").set_gid(_gid(name, label))
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _svg(fig, name, title)

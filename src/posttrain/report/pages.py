@@ -214,8 +214,8 @@ def promotion_page(decision: dict) -> str:
         series["current holder"] = holder["greedy_accuracies"]
     verdict = '<p class="ok">promoted</p>' if decision["promoted"] else '<p class="bad">not promoted</p>'
     body = section("decision", f"Channel {decision['channel']}", verdict, note(decision["reason"]),
-                   charts.bar_chart("promotion", "Greedy accuracy per eval set", sets, series, ylabel="fraction correct",
-                                    hline=("min accuracy", decision["min_accuracy"])),
+                   charts.bar_chart("promotion", "Greedy accuracy per eval set", sets, series,
+                                    ylabel="fraction correct", hline=("min accuracy", decision["min_accuracy"])),
                    key_values({"model": decision["model_id"], "eval": decision["eval_id"],
                                "min accuracy": decision["min_accuracy"], "tolerance": decision["tolerance"],
                                "holder model": holder["model_id"] if holder else None, "time": decision.get("time")}))
