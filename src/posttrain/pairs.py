@@ -89,8 +89,9 @@ def make_pairs(model_dir: str | Path, dataset_dir: str | Path, cfg: PairsConfig,
         raise ValueError(f"{dataset_dir}: no train prompts to sample pairs from (rows need a reference answer for "
                          "the built-in verifier, or set reward.fn)")
     tok = load_tokenizer(model_dir)
-    gen_cfg = EvalConfig(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, max_new_tokens=cfg.max_new_tokens,
-                         batch_size=cfg.batch_size, seed=cfg.seed, backend=cfg.backend)
+    gen_cfg = EvalConfig(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                         max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
+                         backend=cfg.backend)
     gen = _generator(model_dir, tok, gen_cfg, device)
 
     written, totals = {}, {"all_correct": 0, "all_wrong": 0, "reward_failures": 0, "generated_tokens": 0}
@@ -103,9 +104,9 @@ def make_pairs(model_dir: str | Path, dataset_dir: str | Path, cfg: PairsConfig,
             print(f"pairs: {split}: {len(written[split])} pairs from {len(rows)} prompts x {cfg.samples_per_prompt} "
                   f"samples", flush=True)
     if not written["train"]:
-        raise ValueError(f"pairs: the model's {cfg.samples_per_prompt} samples of every train prompt were all right "
-                         f"({totals['all_correct']} prompts) or all wrong ({totals['all_wrong']}): no pair to train on; "
-                         "raise pairs.samples_per_prompt or pairs.temperature")
+        raise ValueError(f"pairs: the model's {cfg.samples_per_prompt} samples of every train prompt were all "
+                         f"right ({totals['all_correct']} prompts) or all wrong ({totals['all_wrong']}): no pair to "
+                         "train on; raise pairs.samples_per_prompt or pairs.temperature")
     info = PairsInfo(num_train=len(written["train"]), num_eval=len(written["eval"]),
                      train_prompts=len(splits["train"]), eval_prompts=len(splits["eval"]),
                      samples_per_prompt=cfg.samples_per_prompt, **totals)
