@@ -45,12 +45,14 @@ the SFT model's samples; false for preference data (data.schema 'preference'), w
 
 
 @task(container_image=cpu_image)
-def plan(recipe: str, overrides: str, run_id: str) -> Plan:
+def plan(recipe: str, overrides: str, run_id: str, workflow: str = "pipeline") -> Plan:
+    """`workflow`: the calling workflow's name; the dense sections it uses (dpo, pairs, ...) are validated, the
+    others not (posttrain.recipes.WORKFLOW_SECTIONS)."""
     from posttrain.recipes import resolve
     from posttrain.runtime import new_run_id
 
     try:
-        cfg = resolve(recipe, overrides)
+        cfg = resolve(recipe, overrides, workflow=workflow)
         local = current_context().execution_id.name == "local"  # every local execution is named so
         settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers,
                                local=local)

@@ -118,7 +118,7 @@ def _pairs(p, d, m):
 @workflow
 def dpo_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> Summary:
     """data prep -> SFT -> evaluation -> preference pairs from the SFT model's own samples -> DPO -> evaluation."""
-    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="dpo_pipeline")
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     m = _sft_or_start(p, d)
     e1 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset, run_id=p.run_id)
@@ -133,7 +133,7 @@ def dpo_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = ""
 def reward_model_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> ArtifactRef:
     """data prep -> SFT -> preference pairs from the SFT model's own samples -> reward model (the SFT model's body
     with a scalar head) -> pairwise accuracy on the held-out pairs; returns that `eval` artifact."""
-    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="reward_model_pipeline")
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     m = _sft_or_start(p, d)
     pairs = _pairs(p, d, m)
@@ -146,7 +146,7 @@ def reward_model_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id:
 def distill_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> Summary:
     """data prep -> distillation of distill.teacher into the student (model.base_path / model.artifact, or a fresh
     model of the `model` section with the teacher's tokenizer) on the demonstrations -> evaluation."""
-    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="distill_pipeline")
     d = data_prep(cfg=p.data, require_completions=True, run_id=p.run_id)
     s = start_model(model=p.model, run_id=p.run_id)
     k = distill(model=p.model, distill=p.distill, tracking=p.tracking, dataset=d.dataset, start_model=s,

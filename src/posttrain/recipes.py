@@ -13,17 +13,22 @@ from typing import Callable
 from posttrain.config import (
     ConfigError,
     DataConfig,
+    DistillConfig,
+    DPOConfig,
     DType,
     EvalConfig,
     ModelConfig,
+    PairsConfig,
     PipelineConfig,
     PlacementConfig,
+    RewardModelConfig,
     RLConfig,
     SFTConfig,
     TokenizerConfig,
     apply_overrides,
     validate,
 )
+from posttrain.config.checks import DENSE
 from posttrain.models.smollm2 import default_dir as smollm2_default_dir
 
 
@@ -56,6 +61,11 @@ def tiny_cpu() -> PipelineConfig:
         rl=RLConfig(steps=100, prompts_per_step=128, samples_per_prompt=8, max_new_tokens=8, lr=5e-5,
                     warmup_steps=10, inner_epochs=1, checkpoint_every=50),
         placement=PlacementConfig(policy_workers=2, rollout_workers=1, rollout_threads=2),
+        pairs=PairsConfig(samples_per_prompt=4, max_new_tokens=8),
+        dpo=DPOConfig(steps=75, global_batch_size=64, micro_batch_size=32, lr=2e-5, warmup_steps=0, beta=0.1),
+        reward_model=RewardModelConfig(steps=100, global_batch_size=64, micro_batch_size=32, lr=1e-4, warmup_steps=10),
+        distill=DistillConfig(steps=2000, global_batch_size=128, micro_batch_size=64, lr=3e-3, warmup_steps=20,
+                              save_every=500),
     )
 
 
@@ -82,6 +92,9 @@ def gpu_single() -> PipelineConfig:
         name="gpu_single",
         model=replace(base.model, dtype=DType.BF16),
         sft=replace(base.sft, nproc=1, micro_batch_size=128),
+        dpo=replace(base.dpo, micro_batch_size=64),
+        reward_model=replace(base.reward_model, micro_batch_size=64),
+        distill=replace(base.distill, micro_batch_size=128),
         placement=replace(base.placement, policy_workers=1, gpus_per_worker=0.25),
     )
 
@@ -153,8 +166,25 @@ RECIPES: dict[str, Callable[[], PipelineConfig]] = {
 }
 
 
-def resolve(recipe: str = "tiny_cpu", overrides: str | dict = "") -> PipelineConfig:
-    """The validated config for recipe `recipe` with JSON `overrides` applied."""
+WORKFLOW_SECTIONS: dict[str, tuple[str, ...]] = {
+    "dpo_pipeline": ("pairs", "dpo"),
+    "reward_model_pipeline": ("pairs", "reward_model"),
+    "distill_pipeline": ("distill",),
+}
+"""The dense sections each workflow uses beyond data/model/sft/eval/rl (validated only there); others: none."""
+
+
+def resolve(recipe: str = "tiny_cpu", overrides: str | dict = "", *, workflow: str | None = None) -> PipelineConfig:
+    """The validated config for recipe `recipe` with JSON `overrides` applied. `workflow` (the Flyte workflow
+    that runs it) limits the dense sections checked to the ones it uses; None checks every section."""
     if recipe not in RECIPES:
         raise ConfigError(f"recipe: {recipe!r} is not one of {sorted(RECIPES)}")
-    return validate(apply_overrides(RECIPES[recipe](), overrides))
+    sections = DENSE if workflow is None else WORKFLOW_SECTIONS.get(workflow, ())
+    return validate(same_ranks(apply_overrides(RECIPES[recipe](), overrides)), sections)
+
+
+def same_ranks(cfg: PipelineConfig) -> PipelineConfig:
+    """Every dense objective's section with nproc 0 ("as sft.nproc") given sft.nproc: their tasks all run on the
+    one Elastic group that POSTTRAIN_SFT_NPROC sizes, so a user changes the process count in one place."""
+    return replace(cfg, **{name: replace(getattr(cfg, name), nproc=getattr(cfg, name).nproc or cfg.sft.nproc)
+                           for name in ("dpo", "reward_model", "distill")})

@@ -23,18 +23,28 @@ from posttrain.config.sections import (
 )
 
 
-def validate(cfg: PipelineConfig) -> PipelineConfig:
-    """Reject invalid values and combinations; returns `cfg` unchanged when it is valid."""
+DENSE = ("pairs", "dpo", "reward_model", "distill")
+"""The sections only some workflows use (dpo_pipeline: pairs + dpo, ...): `validate(cfg, sections=...)` checks
+those named; the others are left alone, so e.g. a 4-rank SFT run need not also fit DPO's batch to 4 ranks."""
+
+
+def validate(cfg: PipelineConfig, sections: tuple[str, ...] = DENSE) -> PipelineConfig:
+    """Reject invalid values and combinations; returns `cfg` unchanged when it is valid. `sections`: which of
+    DENSE the run uses (default: all of them)."""
     _check_data(cfg.data)
     _check_model(cfg.model, cfg.data)
     _check_sft(cfg.sft, cfg.model)
-    _check_trainer(cfg.dpo, "dpo")
-    _check_dpo(cfg.dpo)
-    _check_trainer(cfg.reward_model, "reward_model")
-    _check(cfg.reward_model.center_rewards_coef >= 0, "reward_model.center_rewards_coef", "must be >= 0")
-    _check_trainer(cfg.distill, "distill")
-    _check_distill(cfg.distill)
-    _check_pairs(cfg.pairs, cfg.model)
+    if "dpo" in sections:
+        _check_trainer(cfg.dpo, "dpo", cfg.sft.nproc)
+        _check_dpo(cfg.dpo)
+    if "reward_model" in sections:
+        _check_trainer(cfg.reward_model, "reward_model", cfg.sft.nproc)
+        _check(cfg.reward_model.center_rewards_coef >= 0, "reward_model.center_rewards_coef", "must be >= 0")
+    if "distill" in sections:
+        _check_trainer(cfg.distill, "distill", cfg.sft.nproc)
+        _check_distill(cfg.distill)
+    if "pairs" in sections:
+        _check_pairs(cfg.pairs, cfg.model)
     _check_eval(cfg.eval, cfg.model)
     _check_rl(cfg.rl, cfg.model)
     _check_reward(cfg.reward)
@@ -99,13 +109,18 @@ def _check_sft(s: SFTConfig, m: ModelConfig) -> None:
     _check_trainer(s, "sft")
 
 
-def _check_trainer(s: SFTConfig, name: str) -> None:
+def _check_trainer(s: SFTConfig, name: str, sft_nproc: int | None = None) -> None:
     """The trainer settings every dense objective shares, named under its section (sft, dpo, ...)."""
+    if sft_nproc is not None:  # a dense objective beside SFT: nproc 0 means sft.nproc (recipes.same_ranks)
+        _check(s.nproc in (0, sft_nproc), f"{name}.nproc",
+               f"must equal sft.nproc = {sft_nproc} (or 0: the same): every dense objective's task runs on the same "
+               f"Elastic group (POSTTRAIN_SFT_NPROC processes per node)")
     _check(s.steps >= 1, f"{name}.steps", "must be >= 1")
-    _check(s.nproc >= 1, f"{name}.nproc", "must be >= 1")
+    nproc = s.nproc or sft_nproc or 1
+    _check(s.nproc >= 1 or sft_nproc is not None, f"{name}.nproc", "must be >= 1")
     _check(s.micro_batch_size >= 1, f"{name}.micro_batch_size", "must be >= 1")
-    _check(s.global_batch_size % (s.micro_batch_size * s.nproc) == 0, f"{name}.global_batch_size",
-           f"must be a multiple of {name}.micro_batch_size * {name}.nproc = {s.micro_batch_size * s.nproc}")
+    _check(s.global_batch_size % (s.micro_batch_size * nproc) == 0, f"{name}.global_batch_size",
+           f"must be a multiple of {name}.micro_batch_size * {name}.nproc = {s.micro_batch_size * nproc}")
     _check(s.lr > 0, f"{name}.lr", "must be > 0")
     _check(0 <= s.min_lr_ratio <= 1, f"{name}.min_lr_ratio", "must be in [0, 1]")
     _check(0 <= s.warmup_steps < s.steps, f"{name}.warmup_steps", f"must be in [0, {name}.steps)")

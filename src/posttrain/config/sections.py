@@ -209,6 +209,9 @@ class DPOConfig(SFTConfig):
     """DPO on (prompt, chosen, rejected) pairs, run by the SPMD trainer that runs SFT: every SFTConfig field
     (steps, batches, lr schedule, parallelism, ranks, state) means the same here, for pairs instead of
     demonstrations (a batch of 64 holds 64 pairs: 128 sequences)."""
+    nproc: int = 0
+    """Processes per node; 0: sft.nproc (every dense objective's task runs on the one Elastic group that
+    POSTTRAIN_SFT_NPROC sizes, so the two must agree)."""
     steps: int = 75
     global_batch_size: int = 64
     micro_batch_size: int = 32
@@ -234,6 +237,9 @@ class RewardModelConfig(SFTConfig):
     """A Bradley-Terry reward model: the base model with a scalar head (AutoModelForSequenceClassification,
     num_labels 1) scoring the last token, trained so that chosen scores above rejected; run by the SPMD trainer
     that runs SFT, every SFTConfig field meaning the same for pairs."""
+    nproc: int = 0
+    """Processes per node; 0: sft.nproc (every dense objective's task runs on the one Elastic group that
+    POSTTRAIN_SFT_NPROC sizes, so the two must agree)."""
     steps: int = 100
     global_batch_size: int = 64
     micro_batch_size: int = 32
@@ -251,6 +257,9 @@ class DistillConfig(SFTConfig):
     next-token distribution; run by the SPMD trainer that runs SFT, every SFTConfig field meaning the same.
     The student is the start model (model.base_path / model.artifact), or a fresh model of the `model`
     section built with the teacher's tokenizer; teacher and student must share a tokenizer."""
+    nproc: int = 0
+    """Processes per node; 0: sft.nproc (every dense objective's task runs on the one Elastic group that
+    POSTTRAIN_SFT_NPROC sizes, so the two must agree)."""
     teacher: str = ""
     """The teacher: a `model` artifact id (or unique prefix), a local HF folder, or `channel:NAME`. Required."""
     loss: DistillLoss = DistillLoss.FORWARD_KL

@@ -167,7 +167,7 @@ class Shards:
 def _check_world(cfg: SFTConfig, info: DistInfo) -> None:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
     name = objective_of(cfg).value  # the config section: sft, dpo, reward_model, distill
-    if local != cfg.nproc:
+    if cfg.nproc and local != cfg.nproc:  # 0 (a dense section's "as sft.nproc", unresolved): any
         raise ValueError(f"{name}.nproc={cfg.nproc} but the launcher started {local} processes per node "
                          f"(Elastic nproc_per_node / POSTTRAIN_SFT_NPROC); make them agree")
     if cfg.global_batch_size % (cfg.micro_batch_size * info.world_size):
