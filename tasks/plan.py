@@ -35,7 +35,8 @@ from posttrain.config import (
 from tasks import settings
 
 Plan = NamedTuple("Plan", [("run_id", str), ("data", DataConfig), ("model", ModelConfig), ("sft", SFTConfig),
-                           ("eval", EvalConfig), ("rl", RLConfig), ("reward", RewardConfig), ("placement", PlacementConfig),
+                           ("eval", EvalConfig), ("rl", RLConfig), ("reward", RewardConfig),
+                           ("placement", PlacementConfig),
                            ("tracking", TrackingConfig), ("sft_enabled", bool), ("pairs", PairsConfig),
                            ("dpo", DPOConfig), ("reward_model", RewardModelConfig), ("distill", DistillConfig),
                            ("pairs_from_samples", bool)])

@@ -29,6 +29,12 @@ NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
                                                             "test_pipeline_e2e.py run the same workflow shortened",
     ".venv/bin/pyflyte run workflows/pipeline.py sft_pipeline": "1,500 SFT steps; the workflow runs in "
                                                                 "test_pipeline_e2e.py and test_decks_browser.py",
+    ".venv/bin/pyflyte run workflows/pipeline.py dpo_pipeline": "SFT, pairs and DPO on the default (minutes): "
+                                                                "test_dense_pipelines_e2e.py runs it shortened, "
+                                                                "twice (a changed dpo.beta re-runs DPO only)",
+    ".venv/bin/pyflyte run workflows/pipeline.py reward_model_pipeline": "test_dense_pipelines_e2e.py, shortened",
+    ".venv/bin/pyflyte run workflows/pipeline.py distill_pipeline": "2,000 distillation steps: "
+                                                                    "test_dense_pipelines_e2e.py runs it shortened",
     ".venv/bin/wandb login": "interactive, needs a wandb account (the sync after it is run with --dry-run)",
     "make real-model": "builds SmolLM2-135M from its PyPI package (minutes, ~0.5 GB): test_real_model.py",
     "M=": "a shell variable for the next commands",
@@ -124,4 +130,4 @@ def test_every_readme_command_runs_as_written_or_is_covered_elsewhere(tmp_path):
         if "wandb sync" in filled:
             assert "Would sync 4 run(s)" in out.stdout + out.stderr, out.stdout + out.stderr
         if "register" in filled:
-            assert "Successfully registered 21 entities" in out.stdout, out.stdout[-2000:]
+            assert "Successfully registered 33 entities" in out.stdout, out.stdout[-2000:]

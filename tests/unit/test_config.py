@@ -144,3 +144,40 @@ def test_generation_threads_default_to_torch_threads():
 
     assert PlacementConfig(torch_threads=3).generation_threads == 3
     assert PlacementConfig(torch_threads=1, rollout_threads=2).generation_threads == 2
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"dpo": {"beta": 0}}, "dpo.beta: must be > 0"),
+    ({"dpo": {"loss": "ipo", "label_smoothing": 0.1}}, "dpo.label_smoothing: only applies to the 'sigmoid' loss"),
+    ({"dpo": {"loss": "kto"}}, "dpo.loss"),
+    ({"distill": {"loss": "jsd", "beta": 1.0}}, "distill.beta: must be in (0, 1)"),
+    ({"distill": {"beta": 0.3}}, "distill.beta: only applies to the 'jsd' loss"),
+    ({"distill": {"temperature": 0}}, "distill.temperature: must be > 0"),
+    ({"reward_model": {"global_batch_size": 48}}, "reward_model.global_batch_size: must be a multiple"),
+    ({"pairs": {"samples_per_prompt": 1}}, "pairs.samples_per_prompt: must be >= 2"),
+    ({"pairs": {"max_new_tokens": 40}}, "pairs.max_new_tokens: must be < model.max_seq_len"),
+    ({"dpo": {"nproc": 3}}, "dpo.nproc: must equal sft.nproc = 2"),
+])
+def test_dense_sections_are_checked_naming_the_field(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        resolve("tiny_cpu", overrides)
+    assert str(e.value).startswith(message.split(":")[0]) and message in str(e.value)
+
+
+def test_dense_sections_follow_sft_nproc_and_are_checked_only_where_used():
+    """nproc 0 means sft.nproc (one Elastic group); a 4-rank SFT run need not fit DPO's batch, dpo_pipeline must."""
+    four = {"sft": {"nproc": 4, "micro_batch_size": 32}}
+    cfg = resolve("tiny_cpu", four, workflow="pipeline")
+    assert cfg.dpo.nproc == cfg.reward_model.nproc == cfg.distill.nproc == 4
+    with pytest.raises(ConfigError, match=r"dpo.global_batch_size: must be a multiple of .* = 128"):
+        resolve("tiny_cpu", four, workflow="dpo_pipeline")
+    resolve("tiny_cpu", {**four, "dpo": {"micro_batch_size": 16}}, workflow="dpo_pipeline")
+    resolve("tiny_cpu", {"dpo": {"beta": 0}}, workflow="distill_pipeline")  # DPO is not distill_pipeline's concern
+
+
+def test_the_objective_is_the_sections_class():
+    from posttrain.config import Objective, objective_of
+
+    cfg = resolve("tiny_cpu")
+    assert [objective_of(getattr(cfg, s)) for s in ("sft", "dpo", "reward_model", "distill")] == [
+        Objective.SFT, Objective.DPO, Objective.REWARD_MODEL, Objective.DISTILL]

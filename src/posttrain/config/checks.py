@@ -22,7 +22,6 @@ from posttrain.config.sections import (
     TrackingConfig,
 )
 
-
 DENSE = ("pairs", "dpo", "reward_model", "distill")
 """The sections only some workflows use (dpo_pipeline: pairs + dpo, ...): `validate(cfg, sections=...)` checks
 those named; the others are left alone, so e.g. a 4-rank SFT run need not also fit DPO's batch to 4 ranks."""
