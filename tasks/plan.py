@@ -64,4 +64,4 @@ def plan(recipe: str, overrides: str, run_id: str, workflow: str = "pipeline") -
     print(f"plan: run {rid}, recipe {cfg.name}")
     return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking,
                 cfg.sft.enabled, cfg.pairs, cfg.dpo, cfg.reward_model, cfg.distill,
-                bool(cfg.data.task) or cfg.data.schema != DataSchema.PREFERENCE)
+                cfg.data.schema != DataSchema.PREFERENCE)

@@ -71,6 +71,11 @@ def _check_data(d: DataConfig) -> None:
     else:
         _check(d.eval_size >= 1, "data.eval_size", "must be >= 1 (or give data.eval_files)")
     _check(0 <= d.demo_error_rate < 1, "data.demo_error_rate", "must be in [0, 1)")
+    if d.task:
+        _check(d.schema != DataSchema.PREFERENCE or d.task == "addition", "data.schema",
+               f"'preference' with a built-in task: only 'addition' comes as pairs, not {d.task!r}")
+        _check(d.schema != DataSchema.PREFERENCE or d.demo_error_rate == 0, "data.demo_error_rate",
+               "the 'addition' pairs already set the correct sum against the sloppy one: set it to 0")
     _check(d.demo_error_rate == 0 or d.task == "addition", "data.demo_error_rate",
            "only the built-in addition task has sloppy demonstrations (data.task=\"addition\")")
     _check(d.max_prompt_chars >= 1, "data.max_prompt_chars", "must be >= 1")

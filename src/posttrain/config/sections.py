@@ -47,7 +47,9 @@ class DataConfig:
     format: DataFormat = DataFormat.AUTO
     """File format; AUTO picks it from each file's extension (a folder means SAVED)."""
     schema: DataSchema = DataSchema.PROMPT_COMPLETION
-    """How rows map to examples: chat messages, prompt+completion, or prompt+reference answer."""
+    """How rows map to examples: chat messages, prompt+completion, prompt+reference answer, or preference pairs
+    (prompt, chosen, rejected). With a built-in task only "preference" changes anything: "addition" then comes as
+    pairs (the correct sum chosen over a wrong one)."""
     messages_field: str = "messages"
     """Column holding the chat turns (schema MESSAGES)."""
     prompt_field: str = "prompt"

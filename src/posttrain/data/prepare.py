@@ -119,7 +119,8 @@ def load_examples(cfg: DataConfig, *, require_completions: bool) -> tuple[list[d
 
     Raises DataValidationError listing every problem of every file."""
     if cfg.task:
-        examples = [{**ex, "columns": ex.get("columns", {})} for ex in synthetic.TASKS[cfg.task](cfg)]
+        tasks = synthetic.PAIR_TASKS if cfg.schema == DataSchema.PREFERENCE else synthetic.TASKS
+        examples = [{**ex, "columns": ex.get("columns", {})} for ex in tasks[cfg.task](cfg)]
         source = f"task:{cfg.task}"
         return [{**with_system_prompt(ex, cfg.system_prompt), _SOURCE: (source, f"{source} row {i}")}
                 for i, ex in enumerate(examples, start=1)], None

@@ -8,6 +8,9 @@
   is right with probability ~1 - r - a plateau SFT converges to, not a point on a steep learning curve -
   and RL with the verifier can correct it. (Dropping every carry instead kept a tiny model from learning
   the task at all within 1200 steps: measured.)
+  As preference pairs (`data.schema: "preference"`, `addition_pairs`): the same problems, the correct sum
+  chosen over the sloppy teacher's (the carry out of the highest digit dropped) - or, for a problem without that
+  carry, over the sum with its last digit off by one.
 - `chain`: `chain_steps` dependent operations applied left to right, e.g. prompt "7+5*2-9=" -> completion
   "12,24,15####15": every intermediate result, then the final answer after "####". Results stay in
   [0, 99] (`*` by a single digit, `-` never below zero, all mod 100), so a tiny model can learn it, yet the
@@ -42,6 +45,20 @@ def addition(n: int, num_digits: int, seed: int, demo_error_rate: float = 0.0) -
     return out
 
 
+def addition_pairs(n: int, num_digits: int, seed: int) -> list[dict]:
+    """Preference examples on `addition`'s problems (the same seed gives the same problems)."""
+    out = []
+    for ex in addition(n, num_digits, seed):
+        prompt, ans = ex["messages"][0], ex["answer"]
+        a, b = (int(x) for x in prompt["content"][:-1].split("+"))
+        wrong = overflow_sum(a, b, num_digits)
+        if wrong == ans:  # no carry out of the top digit: the last digit off by one
+            wrong = ans[:-1] + str((int(ans[-1]) + 1) % 10)
+        out.append({"messages": [prompt], "chosen": [{"role": "assistant", "content": ans}],
+                    "rejected": [{"role": "assistant", "content": wrong}], "answer": ans, "task": "addition"})
+    return out
+
+
 def chain_solution(start: int, ops: list[tuple[str, int]]) -> list[int]:
     """Intermediate results of applying `ops` to `start`, left to right (no operator precedence)."""
     vals, x = [], start
@@ -73,3 +90,5 @@ def chain(n: int, steps: int, seed: int) -> list[dict]:
 
 TASKS = {"addition": lambda cfg: addition(cfg.num_examples, cfg.num_digits, cfg.seed, cfg.demo_error_rate),
          "chain": lambda cfg: chain(cfg.num_examples, cfg.chain_steps, cfg.seed)}
+PAIR_TASKS = {"addition": lambda cfg: addition_pairs(cfg.num_examples, cfg.num_digits, cfg.seed)}
+"""The built-in tasks that also come as preference pairs (data.schema "preference")."""
