@@ -137,10 +137,13 @@ class DPOObjective(_PairObjective):
         pol, tokens = self._logps(logits, b, labels, seq_index)  # (N,)
         with torch.no_grad():
             ref, _ = self._logps(_logits(frozen, b, device, autocast), b, labels, seq_index)
-        if self.cfg.loss == DPOLoss.IPO:  # IPO compares token-mean log-probs
-            pol, ref = pol / tokens, ref / tokens
-        losses, chosen, rejected = dpo_losses(pol[0::2], pol[1::2], ref[0::2], ref[1::2], beta=self.cfg.beta,
+        ipo = self.cfg.loss == DPOLoss.IPO  # IPO compares token-mean log-probs
+        a, r = (pol / tokens, ref / tokens) if ipo else (pol, ref)
+        losses, chosen, rejected = dpo_losses(a[0::2], a[1::2], r[0::2], r[1::2], beta=self.cfg.beta,
                                               loss=self.cfg.loss, label_smoothing=self.cfg.label_smoothing)
+        if ipo:  # the logged implicit rewards stay beta x the summed log-ratio, whatever the loss (as TRL logs them)
+            rewards = (self.cfg.beta * (pol - ref)).detach()  # (N,)
+            chosen, rejected = rewards[0::2], rewards[1::2]
         loss = losses.sum() / counts["pairs"]
         stats = self._pair_stats(losses, chosen, rejected, counts["pairs"])
         if self.cfg.sft_weight > 0:
