@@ -63,8 +63,10 @@ class DataConfig:
     rejected_field: str = "rejected"
     """Column holding the dispreferred completion (schema PREFERENCE), in the same form as `chosen_field`."""
     answer_field: str = "answer"
-    """Column holding the reference answer (schema PROMPT_ANSWER); "" means the rows have no reference answer
-    (prompts for RL or eval with a user reward function that does not need one)."""
+    """Column holding the reference answer (schema PROMPT_ANSWER, and optionally PREFERENCE); "" means the rows
+    have no reference answer (prompts for RL or eval with a user reward function that does not need one). A column
+    of another name is also kept under that name, so a reward function may name it either way
+    (`def f(completion, solution)` with answer_field "solution")."""
     system_prompt: str = ""
     """If set, a system turn with this text is put first in every example that does not start with one."""
     answer_marker: str = ""
