@@ -103,12 +103,13 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -
     return "\n".join(lines)
 
 
-def write_readme(readme: Path, block: str) -> None:
+def write_readme(readme: Path, block: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the README's block between the `begin` and `end` markers (each must occur once) with `block`."""
     text = readme.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"{readme}: needs exactly one {BEGIN} ... {END} block to replace")
-    head, rest = text.split(BEGIN)
-    readme.write_text(head + BEGIN + "\n" + block + "\n" + END + rest.split(END, 1)[1])
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise SystemExit(f"{readme}: needs exactly one {begin} ... {end} block to replace")
+    head, rest = text.split(begin)
+    readme.write_text(head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1])
 
 
 def _commit() -> str:

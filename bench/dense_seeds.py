@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings
-from default_seeds import _commit  # noqa: E402
+from default_seeds import _commit, write_readme  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDED = ("data", "sft", "rl", "pairs", "dpo", "reward_model", "distill")
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     block = table(rows, argv if argv is not None else sys.argv[1:], load)
     print(block)
     if args.write_readme:
-        write_readme(ROOT / "README.md", block)
+        write_readme(ROOT / "README.md", block, BEGIN, END)
         print(f"wrote the table into {ROOT / 'README.md'}")
     return 0
 
@@ -132,14 +132,6 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -
                    f"({time.strftime('%Y-%m-%d')}, commit {_commit()}; load average {load[0]:.2f} {load[1]:.2f} "
                    f"{load[2]:.2f} at the end).")]
     return "\n".join(lines)
-
-
-def write_readme(readme: Path, block: str) -> None:
-    text = readme.read_text()
-    if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"{readme}: needs exactly one {BEGIN} ... {END} block to replace")
-    head, rest = text.split(BEGIN)
-    readme.write_text(head + BEGIN + "\n" + block + "\n" + END + rest.split(END, 1)[1])
 
 
 if __name__ == "__main__":

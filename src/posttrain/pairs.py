@@ -15,16 +15,12 @@ Leaves out: choosing pairs by score gap or by length, more than one pair per pro
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from posttrain.config import EvalConfig, PairsConfig, RewardConfig
 from posttrain.data.chat import encode_prompt
-from posttrain.data.examples import prompt_messages, read_examples, write_jsonl
+from posttrain.data.examples import prompt_messages, read_examples, write_dataset
 from posttrain.models.io import load_tokenizer
 from posttrain.rewards import RewardSample, RewardScorer
 
@@ -110,16 +106,6 @@ def make_pairs(model_dir: str | Path, dataset_dir: str | Path, cfg: PairsConfig,
     info = PairsInfo(num_train=len(written["train"]), num_eval=len(written["eval"]),
                      train_prompts=len(splits["train"]), eval_prompts=len(splits["eval"]),
                      samples_per_prompt=cfg.samples_per_prompt, **totals)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir.parent))
-    try:
-        write_jsonl(stage / "train.jsonl", written["train"])
-        write_jsonl(stage / "eval.jsonl", written["eval"])
-        (stage / "info.json").write_text(json.dumps({"schema": "preference", "source": "model samples",
-                                                     **asdict(info)}, indent=2, sort_keys=True) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.rename(stage, out_dir)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    write_dataset(out_dir, written["train"], written["eval"],
+                  {"schema": "preference", "source": "model samples", **asdict(info)})
     return info

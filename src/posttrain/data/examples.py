@@ -34,6 +34,27 @@ def write_jsonl(path: Path, examples: Iterable[dict]) -> int:
     return n
 
 
+def write_dataset(out_dir: Path, train: Iterable[dict], eval_: Iterable[dict], info: dict) -> None:
+    """A dataset folder (`train.jsonl`, `eval.jsonl`, `info.json`) written into a sibling staging folder and
+    renamed into place, so a failure leaves nothing half-written. `out_dir` must be absent or empty."""
+    import os
+    import shutil
+    import tempfile
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir.parent))
+    try:
+        write_jsonl(stage / "train.jsonl", train)
+        write_jsonl(stage / "eval.jsonl", eval_)
+        (stage / "info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.rename(stage, out_dir)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def read_examples(dataset_dir: str | Path, split: str) -> list[dict]:
     path = Path(dataset_dir) / f"{split}.jsonl"
     if not path.is_file():

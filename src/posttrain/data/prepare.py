@@ -21,17 +21,13 @@ compares prompt, chosen and rejected (two different pairs for one prompt are bot
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from posttrain.config import DataConfig, DataSchema
 from posttrain.data import synthetic
-from posttrain.data.examples import dumps, is_preference, prompt_messages, write_jsonl
+from posttrain.data.examples import dumps, is_preference, prompt_messages, write_dataset
 from posttrain.data.loaders import iter_rows
 from posttrain.data.validation import DataValidationError, Problems, to_example
 
@@ -240,16 +236,6 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
                        eval_from_files=held is not None, require_completions=require_completions,
                        columns=columns, sources=sources, rows_per_file=rows_per_file, dropped_sample=dropped_sample)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir.parent))
-    try:
-        write_jsonl(stage / "train.jsonl", _untagged(train_ex))
-        write_jsonl(stage / "eval.jsonl", _untagged(eval_ex))
-        written = {k: v for k, v in asdict(info).items() if k not in _REPORT_ONLY}
-        (stage / "info.json").write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.rename(stage, out_dir)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    write_dataset(out_dir, _untagged(train_ex), _untagged(eval_ex),
+                  {k: v for k, v in asdict(info).items() if k not in _REPORT_ONLY})
     return info
