@@ -10,7 +10,6 @@ a changed setting is noticed, while an RL setting never invalidates data prep or
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -28,7 +27,6 @@ from posttrain.config import (
     EvalConfig,
     ModelConfig,
     Objective,
-    PairsConfig,
     PlacementConfig,
     RewardConfig,
     RLConfig,
@@ -37,6 +35,7 @@ from posttrain.config import (
     objective_of,
     to_dict,
 )
+from posttrain.model_refs import model_ref, start_model
 from posttrain.wandb_run import WandbRun
 
 _SRC = Path(__file__).resolve().parent
@@ -101,70 +100,6 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
     return DataOutputs(dataset=ds_ref, tokenizer=tok_ref)
 
 
-def start_model(model: ModelConfig, *, run_id: str, store: ArtifactStore | None = None) -> ArtifactRef | None:
-    """The model a run starts from, as a `model` artifact: `model.artifact` looked up in the store (an id, a
-    unique prefix, or `channel:NAME` - the model that channel holds now), or the `model.base_path` folder stored as an artifact - by content, so the same folder
-    always gives the same id and is copied into the store only once (a later call re-hashes it, which notices
-    an edited file, and copies nothing). None for a from-scratch model (neither is set)."""
-    store = store or ArtifactStore()
-    if model.artifact:
-        return _stored_model(model.artifact, "model.artifact", store)
-    if not model.base_path:
-        return None
-    return _folder_model(model.base_path, "model.base_path", run_id, store)
-
-
-def model_ref(spec: str, setting: str, *, run_id: str, store: ArtifactStore | None = None) -> ArtifactRef:
-    """A model named by a setting that takes "an artifact id (or unique prefix), a local HF folder, or
-    `channel:NAME`" (dpo.reference, distill.teacher): a folder is stored by content like model.base_path."""
-    store = store or ArtifactStore()
-    if not spec.startswith("channel:") and (os.sep in spec or spec.startswith((".", "~")) or Path(spec).is_dir()):
-        return _folder_model(spec, setting, run_id, store)
-    return _stored_model(spec, setting, store)
-
-
-def _stored_model(spec: str, setting: str, store: ArtifactStore) -> ArtifactRef:
-    from posttrain.artifacts import ArtifactNotFoundError
-
-    artifact = _from_channel(spec, store, setting)
-    try:
-        ref = store.ref(artifact)
-    except ArtifactNotFoundError as e:
-        raise ArtifactNotFoundError(f"{setting}: {e}") from None
-    if ref.kind != "model":
-        raise ConfigError(f"{setting}: {spec!r} is a {ref.kind} artifact ({ref.short} {ref.name}), not a model")
-    print(f"{setting}: model artifact {ref.short} ({ref.name})")
-    return ref
-
-
-def _folder_model(path: str, setting: str, run_id: str, store: ArtifactStore) -> ArtifactRef:
-    base = Path(os.path.abspath(os.path.expanduser(path)))
-    if not base.is_dir():
-        raise FileNotFoundError(f"{setting}: {base} is not a folder (expected a local HF model folder)")
-    if not any(base.glob("*.safetensors")):
-        raise FileNotFoundError(f"{setting}: {base} holds no *.safetensors weights (only safetensors are "
-                                f"loaded; convert other formats first)")
-    ref = store.put("model", f"base-{base.name}", base, run_id=run_id, parents=[], config={"base_path": str(base)},
-                    extra={"stage": "base"})
-    print(f"{setting}: {base} -> model artifact {ref.short}")
-    return ref
-
-
-def _from_channel(artifact: str, store: ArtifactStore, setting: str = "model.artifact") -> str:
-    """`channel:NAME` -> the id of the model the channel holds (ConfigError when it holds none); else as given."""
-    if not artifact.startswith("channel:"):
-        return artifact
-    from posttrain.promotion import current
-
-    name = artifact.removeprefix("channel:")
-    held = current(name, store)
-    if held is None:
-        raise ConfigError(f"{setting}: {artifact!r}: channel {name!r} holds no model yet in {store.root} (no "
-                          f"promotion so far); start from a model id or base_path for the first run")
-    print(f"{setting}: channel {name} holds model {held['model_id'][:12]}")
-    return held["model_id"]
-
-
 def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, dataset: ArtifactRef,
                   tokenizer: ArtifactRef | None, start: ArtifactRef | None, frozen: ArtifactRef | None = None) -> str:
     # The start model counts by its content id, not by where the user's folder lies; so do the frozen model and
@@ -204,9 +139,6 @@ def train(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *, datas
     `frozen`: the DPO reference (default: `start`) or the distillation teacher (resolved from distill.teacher
     when not given). A distilled student without a start model is built fresh with the TEACHER's tokenizer
     (`tokenizer` is then not used); every frozen model must share the trained model's tokenizer (checked first)."""
-    from posttrain.models.io import check_same_tokenizer
-    from posttrain.sft import run_sft
-
     store = store or ArtifactStore()
     objective = objective_of(cfg)
     stage = objective.value
@@ -220,7 +152,7 @@ def train(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *, datas
         if rank == 0:
             print(f"{stage}: disabled ({stage}.enabled=false): passing model {start.short} through untrained")
         return start if rank == 0 else None
-    frozen = _frozen_model(cfg, start, frozen, run_id, store)
+    frozen = frozen_model(cfg, start, frozen, run_id, store)
     if objective == Objective.DISTILL:
         tokenizer = None  # the student speaks the teacher's tokens
     key = sft_cache_key(store, model, cfg, dataset, tokenizer, start, frozen)
@@ -230,21 +162,32 @@ def train(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *, datas
             print(f"{stage}: cache hit -> {hit.kind} {hit.short}")
         return hit if rank == 0 else None
 
-    ds_dir = store.get(dataset)
-    base_dir = store.get(start) if start else None
+    return _train_fresh(model, cfg, tracking, key=key, dataset=dataset, tokenizer=tokenizer, start=start,
+                        frozen=frozen, run_id=run_id, store=store)
+
+
+def _train_fresh(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *, key: str, dataset: ArtifactRef,
+                 tokenizer: ArtifactRef | None, start: ArtifactRef | None, frozen: ArtifactRef | None, run_id: str,
+                 store: ArtifactStore) -> ArtifactRef | None:
+    """`train` past its cache: check what can be checked before any work, train (resuming the state the key
+    names), store and cache the result on rank 0, then drop the state."""
+    from posttrain.models.io import check_same_tokenizer
+    from posttrain.sft import run_sft
+
+    objective = objective_of(cfg)
+    stage, rank = objective.value, int(os.environ.get("RANK", "0"))
+    ds_dir, base_dir = store.get(dataset), store.get(start) if start else None
     frozen_dir = store.get(frozen) if frozen else None
     tok_dir = frozen_dir if objective == Objective.DISTILL else (store.get(tokenizer) if tokenizer else None)
-    if frozen is not None and base_dir is not None:  # before any training: one vocabulary, or the math is meaningless
+    if frozen is not None and base_dir is not None:  # one vocabulary, or the token-level math is meaningless
         check_same_tokenizer(base_dir, frozen_dir, names=(f"the start model {start.short}",
                                                          f"{_frozen_setting(objective)} {frozen.short}"))
-    # Before any training: every rank measures (cheap) so that all of them stop on a budget that cannot fit.
+    # Every rank measures (cheap), so that all of them stop on a budget that cannot fit.
     _check_budget(ds_dir, base_dir or tok_dir, max_seq_len=model.max_seq_len, max_new_tokens=0, sft=True,
                   setting="")
     state = StateDir.under_store(store.root, stage, key)  # stable across retries and nodes: a killed run resumes
     if rank == 0:
         print(f"{stage}: state in {state}", flush=True)
-    parents = ([dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
-               + ([frozen.id] if frozen and frozen != start else []))
     inputs = {"dataset": dataset.id, "tokenizer": tokenizer.id if tokenizer else None,
               "start_model": start.id if start else None}
     if frozen is not None:
@@ -261,6 +204,8 @@ def train(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *, datas
         if rank != 0:
             return None
         kind = "reward_model" if objective == Objective.REWARD_MODEL else "model"
+        parents = ([dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
+                   + ([frozen.id] if frozen and frozen != start else []))
         ref = store.put(kind, f"{stage}-{dataset.name}", out_dir, run_id=run_id, parents=parents,
                         config={"model": to_dict(model), stage: to_dict(cfg)}, metrics=metrics,
                         extra={"start_model": start.id if start else None, "stage": stage, "history": history,
@@ -279,7 +224,7 @@ def _frozen_setting(objective: Objective) -> str:
     return {Objective.DPO: "dpo.reference", Objective.DISTILL: "distill.teacher"}[objective]
 
 
-def _frozen_model(cfg: SFTConfig, start: ArtifactRef | None, given: ArtifactRef | None, run_id: str,
+def frozen_model(cfg: SFTConfig, start: ArtifactRef | None, given: ArtifactRef | None, run_id: str,
                   store: ArtifactStore) -> ArtifactRef | None:
     """The objective's frozen model: DPO's reference (dpo.reference, else the start model), the distillation
     teacher (distill.teacher, required); None for SFT and reward models."""
@@ -298,32 +243,6 @@ def _frozen_model(cfg: SFTConfig, start: ArtifactRef | None, given: ArtifactRef 
                               "folder or channel:NAME")
         return model_ref(cfg.teacher, "distill.teacher", run_id=run_id, store=store)
     return None
-
-
-def pairs(cfg: PairsConfig, reward: RewardConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,
-          store: ArtifactStore | None = None) -> ArtifactRef:
-    """Preference pairs from `model`'s own samples of the dataset's prompts (posttrain.pairs): a `dataset`
-    artifact of preference examples whose parents are the model and the prompts."""
-    from posttrain.pairs import make_pairs
-
-    store = store or ArtifactStore()
-    key = store.cache_key("pairs", to_dict(cfg), to_dict(reward), model.id, dataset.id,
-                          source_digest("pairs.py", "eval", "models", "rewards.py", "data/verifiers.py"))
-    hit = store.cache_get(key)
-    if hit is not None:
-        print(f"pairs: cache hit -> dataset {hit.short}")
-        return hit
-    with tempfile.TemporaryDirectory(prefix="posttrain-pairs-") as tmp:
-        info = make_pairs(store.get(model), store.get(dataset), cfg, reward, Path(tmp) / "pairs")
-        ref = store.put("dataset", f"pairs-{dataset.name}", Path(tmp) / "pairs", run_id=run_id,
-                        parents=[model.id, dataset.id], config={"pairs": to_dict(cfg), "reward": to_dict(reward)},
-                        metrics={"num_train": info.num_train, "num_eval": info.num_eval,
-                                 "all_correct": info.all_correct, "all_wrong": info.all_wrong,
-                                 "reward_failures": info.reward_failures},
-                        extra={"schema": "preference", "stage": "pairs", "source_model": model.id})
-    store.cache_put(key, ref)
-    print(f"pairs: dataset {ref.short} ({info.num_train} train / {info.num_eval} eval pairs from model {model.short})")
-    return ref
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -376,35 +295,6 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
           + (f"; {failures}/{m.get('reward_calls')} reward calls failed (see the report)" if failures else ""))
     return EvalOutputs(report=ref, greedy_accuracy=m["greedy_accuracy"], sampled_accuracy=sampled, pass_at_k=pass_k,
                        reward_failures=failures)
-
-
-def evaluate_reward_model(*, reward_model: ArtifactRef, pairs: ArtifactRef, run_id: str, num_pairs: int = 0,
-                          store: ArtifactStore | None = None) -> ArtifactRef:
-    """Pairwise accuracy and score distributions of a reward model on the eval pairs of a preference dataset
-    (posttrain.eval.pairwise) -> an `eval` artifact whose parents are the reward model and the pairs."""
-    from posttrain.eval.pairwise import evaluate_pairs
-
-    store = store or ArtifactStore()
-    key = store.cache_key("eval_pairs", num_pairs, reward_model.id, pairs.id,
-                          source_digest("eval/pairwise.py", "models", "data/examples.py"))
-    ref = store.cache_get(key)
-    if ref is None:
-        result = evaluate_pairs(store.get(reward_model), store.get(pairs), num_pairs=num_pairs)
-        with tempfile.TemporaryDirectory(prefix="posttrain-eval-pairs-") as tmp:
-            (Path(tmp) / "pairwise.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-            metrics = {"pairwise_accuracy": result["pairwise_accuracy"], "num_pairs": result["num_pairs"],
-                       "chosen_mean": result["chosen"]["mean"], "rejected_mean": result["rejected"]["mean"],
-                       "margin_mean": result["margin_mean"]}
-            ref = store.put("eval", f"eval-{reward_model.name}", Path(tmp), run_id=run_id,
-                            parents=[reward_model.id, pairs.id],
-                            config={"num_pairs": num_pairs, "dataset_id": pairs.id, "model_id": reward_model.id},
-                            metrics=metrics, extra={"stage": "eval_pairs"})
-        store.cache_put(key, ref)
-    m = store.manifest(ref.id).metrics
-    print(f"eval {ref.short} of reward model {reward_model.short}: pairwise accuracy {m['pairwise_accuracy']:.3f} on "
-          f"{m['num_pairs']} held-out pairs (mean score chosen {m['chosen_mean']:+.3f}, rejected "
-          f"{m['rejected_mean']:+.3f})")
-    return ref
 
 
 def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, tracking: TrackingConfig, *,
