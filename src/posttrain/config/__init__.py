@@ -10,6 +10,8 @@ that return a `PipelineConfig`.
 
     enums.py      the closed sets of choices (DataFormat, Algorithm, PlacementMode, ...)
     sections.py   one dataclass per part (DataConfig, SFTConfig, RLConfig, ...), each field documented
+    dense.py      the dense objectives' parts beside SFT (PairsConfig, DPOConfig, RewardModelConfig, DistillConfig)
+    pipeline.py   PipelineConfig, which holds them all, and objective_of
     serialize.py  to_dict / from_dict, and apply_overrides (JSON edits of a recipe)
     checks.py     validate: every bad value or combination, with the field named, before work starts
 
@@ -17,6 +19,7 @@ Everything is importable from `posttrain.config` directly.
 """
 
 from posttrain.config.checks import validate
+from posttrain.config.dense import DistillConfig, DPOConfig, PairsConfig, RewardModelConfig
 from posttrain.config.enums import (
     Algorithm,
     Arch,
@@ -34,22 +37,17 @@ from posttrain.config.enums import (
     RolloutBackend,
 )
 from posttrain.config.errors import ConfigError
+from posttrain.config.pipeline import PipelineConfig, objective_of
 from posttrain.config.sections import (
     DataConfig,
-    DistillConfig,
-    DPOConfig,
     EvalConfig,
     ModelConfig,
-    PairsConfig,
-    PipelineConfig,
     PlacementConfig,
     RewardConfig,
-    RewardModelConfig,
     RLConfig,
     SFTConfig,
     TokenizerConfig,
     TrackingConfig,
-    objective_of,
 )
 from posttrain.config.serialize import apply_overrides, from_dict, to_dict
 

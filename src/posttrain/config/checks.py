@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 
+from posttrain.config.dense import DistillConfig, DPOConfig, PairsConfig
 from posttrain.config.enums import Algorithm, DataSchema, DistillLoss, DPOLoss, RolloutBackend
 from posttrain.config.errors import ConfigError
+from posttrain.config.pipeline import PipelineConfig
 from posttrain.config.sections import (
     DataConfig,
-    DistillConfig,
-    DPOConfig,
     EvalConfig,
     ModelConfig,
-    PairsConfig,
-    PipelineConfig,
     PlacementConfig,
     RewardConfig,
     RLConfig,

@@ -14,12 +14,9 @@ from posttrain.config.enums import (
     Backend,
     DataFormat,
     DataSchema,
-    DistillLoss,
-    DPOLoss,
     DType,
     KLEstimator,
     LossAgg,
-    Objective,
     Parallelism,
     PlacementMode,
     RolloutBackend,
@@ -181,100 +178,6 @@ class SFTConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PairsConfig:
-    """Preference pairs made from a model's own samples (dpo_pipeline and reward_model_pipeline on prompt data):
-    k completions per prompt from the rollout engine, scored by the reward function; a prompt whose samples hold
-    at least one correct (score >= 1) and one wrong answer gives one pair (the first correct as chosen, the first
-    wrong as rejected); other prompts give none."""
-    samples_per_prompt: int = 4
-    """Completions sampled per prompt (k)."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling (1.0: off)."""
-    top_k: int = 0
-    """Top-k sampling (0: off)."""
-    max_new_tokens: int = 16
-    """Generation limit per completion."""
-    max_prompts: int = 0
-    """Train prompts sampled from (the first ones of the train split); 0: all of them."""
-    eval_prompts: int = 0
-    """Eval-split prompts sampled for the held-out pairs (the reward model's pairwise accuracy); 0: all."""
-    batch_size: int = 256
-    """Prompts per generation batch (transformers engine)."""
-    seed: int = 0
-    """Sampling seed."""
-    backend: RolloutBackend = RolloutBackend.TRANSFORMERS
-    """Generation engine: "transformers", or "vllm" (a separate install: `make install-vllm`)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DPOConfig(SFTConfig):
-    """DPO on (prompt, chosen, rejected) pairs, run by the SPMD trainer that runs SFT: every SFTConfig field
-    (steps, batches, lr schedule, parallelism, ranks, state) means the same here, for pairs instead of
-    demonstrations (a batch of 64 holds 64 pairs: 128 sequences)."""
-    nproc: int = 0
-    """Processes per node; 0: sft.nproc (every dense objective's task runs on the one Elastic group that
-    POSTTRAIN_SFT_NPROC sizes, so the two must agree)."""
-    steps: int = 75
-    global_batch_size: int = 64
-    micro_batch_size: int = 32
-    lr: float = 2e-5
-    warmup_steps: int = 0
-    save_every: int = 25
-    loss: DPOLoss = DPOLoss.SIGMOID
-    """`sigmoid` (the DPO paper's loss) or `ipo`."""
-    beta: float = 0.1
-    """Strength of the implicit KL constraint: rewards are beta * (log pi - log pi_ref) of a completion."""
-    label_smoothing: float = 0.0
-    """sigmoid only: the assumed share of flipped labels (conservative DPO); 0 is plain DPO."""
-    sft_weight: float = 0.0
-    """The SFT-regularised variant (RPO): adds this times the cross-entropy of the chosen completions (mean
-    over their tokens in the global batch) to the loss; 0 is plain DPO."""
-    reference: str = ""
-    """The frozen reference model: a `model` artifact id (or unique prefix), a local HF folder, or
-    `channel:NAME`; "" is the model DPO starts from."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RewardModelConfig(SFTConfig):
-    """A Bradley-Terry reward model: the base model with a scalar head (AutoModelForSequenceClassification,
-    num_labels 1) scoring the last token, trained so that chosen scores above rejected; run by the SPMD trainer
-    that runs SFT, every SFTConfig field meaning the same for pairs."""
-    nproc: int = 0
-    """Processes per node; 0: sft.nproc (every dense objective's task runs on the one Elastic group that
-    POSTTRAIN_SFT_NPROC sizes, so the two must agree)."""
-    steps: int = 100
-    global_batch_size: int = 64
-    micro_batch_size: int = 32
-    lr: float = 1e-4
-    warmup_steps: int = 10
-    save_every: int = 50
-    center_rewards_coef: float = 0.0
-    """Adds this times mean((r_chosen + r_rejected)^2) to the loss, keeping scores centred on 0 (TRL's
-    center_rewards_coefficient); 0: off."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DistillConfig(SFTConfig):
-    """Logit distillation: on the demonstrations' assistant tokens the student matches a frozen teacher's full
-    next-token distribution; run by the SPMD trainer that runs SFT, every SFTConfig field meaning the same.
-    The student is the start model (model.base_path / model.artifact), or a fresh model of the `model`
-    section built with the teacher's tokenizer; teacher and student must share a tokenizer."""
-    nproc: int = 0
-    """Processes per node; 0: sft.nproc (every dense objective's task runs on the one Elastic group that
-    POSTTRAIN_SFT_NPROC sizes, so the two must agree)."""
-    teacher: str = ""
-    """The teacher: a `model` artifact id (or unique prefix), a local HF folder, or `channel:NAME`. Required."""
-    loss: DistillLoss = DistillLoss.FORWARD_KL
-    """`forward_kl` KL(teacher||student), `reverse_kl` KL(student||teacher), or `jsd` (generalised JSD)."""
-    beta: float = 0.5
-    """jsd only: the mixture weight, M = beta * teacher + (1 - beta) * student (0 < beta < 1)."""
-    temperature: float = 1.0
-    """Both distributions are softmax(logits / temperature)."""
-
-
-@dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     num_problems: int = 500
     """Held-out problems scored (at most the eval split; 0 means the whole split)."""
@@ -421,40 +324,3 @@ class PlacementConfig:
     def generation_threads(self) -> int:
         """Threads of the rollout and reference workers: `rollout_threads`, else `torch_threads`."""
         return self.rollout_threads or self.torch_threads
-
-
-@dataclass(frozen=True, kw_only=True)
-class PipelineConfig:
-    name: str = "tiny_cpu"
-    """Recipe name, recorded in manifests."""
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    rl: RLConfig = field(default_factory=RLConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    """The scoring function shared by RL and evaluation."""
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    pairs: PairsConfig = field(default_factory=PairsConfig)
-    """Preference pairs from the SFT model's own samples (dpo_pipeline, reward_model_pipeline on prompt data)."""
-    dpo: DPOConfig = field(default_factory=DPOConfig)
-    """The DPO stage of dpo_pipeline."""
-    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    """The reward-model stage of reward_model_pipeline."""
-    distill: DistillConfig = field(default_factory=DistillConfig)
-    """The distillation stage of distill_pipeline."""
-
-
-def objective_of(cfg: SFTConfig) -> Objective:
-    """The dense trainer's objective for a trainer config section: its class decides (a `match`, no registry)."""
-    match cfg:
-        case DPOConfig():
-            return Objective.DPO
-        case RewardModelConfig():
-            return Objective.REWARD_MODEL
-        case DistillConfig():
-            return Objective.DISTILL
-        case SFTConfig():
-            return Objective.SFT
-    raise TypeError(f"not a trainer config: {type(cfg).__name__}")

@@ -12,7 +12,7 @@ import json
 import typing
 
 from posttrain.config.errors import ConfigError
-from posttrain.config.sections import PipelineConfig
+from posttrain.config.pipeline import PipelineConfig
 
 
 def to_dict(cfg: typing.Any) -> typing.Any:
