@@ -72,7 +72,7 @@ def make_pairs(model_dir: str | Path, dataset_dir: str | Path, cfg: PairsConfig,
                out_dir: str | Path, *, device: str = "cpu") -> PairsInfo:
     """Sample, score and pair the dataset's train and eval prompts with the model in `model_dir`; write the pairs
     dataset into `out_dir` (which must not exist or be empty). Refuses a result without a single train pair."""
-    from posttrain.eval.evaluate import _generator
+    from posttrain.eval.evaluate import generator
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -88,7 +88,7 @@ def make_pairs(model_dir: str | Path, dataset_dir: str | Path, cfg: PairsConfig,
     gen_cfg = EvalConfig(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                          max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, seed=cfg.seed,
                          backend=cfg.backend)
-    gen = _generator(model_dir, tok, gen_cfg, device)
+    gen = generator(model_dir, tok, gen_cfg, device)
 
     written, totals = {}, {"all_correct": 0, "all_wrong": 0, "reward_failures": 0, "generated_tokens": 0}
     with RewardScorer(reward) as scorer:

@@ -50,7 +50,7 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         scorer.check_arguments({k for ex in problems for k in (ex.get("columns") or {})})  # before generating
         torch.set_num_threads(max(1, torch.get_num_threads()))
         tok = load_tokenizer(model_dir)
-        gen = _generator(model_dir, tok, cfg, device)
+        gen = generator(model_dir, tok, cfg, device)
         prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
         t0 = time.perf_counter()
         greedy = gen(prompts, temperature=0.0, n=1, on_batch=_progress("greedy"))
@@ -98,7 +98,7 @@ def _progress(what: str) -> Callable[[int, int], None]:
     return on_batch
 
 
-def _generator(model_dir, tok, cfg: EvalConfig, device: str):
+def generator(model_dir, tok, cfg: EvalConfig, device: str = "cpu"):
     """gen(prompts, temperature=, n=, on_batch=) -> list[Generation] on the engine `eval.backend` names (vLLM
     generates all at once: no progress lines)."""
     kw = {"max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_p": cfg.top_p, "top_k": cfg.top_k}
