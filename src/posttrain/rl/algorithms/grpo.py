@@ -48,24 +48,37 @@ class PolicyLossStats:
     clip_fraction: float
     ratio_mean: float
     tokens: int
+    clip_fraction_lower: float = 0.0  # share of valid tokens where dual-clip's -A * clip_ratio_c bound applied
 
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 clip_low: float, clip_high: float, loss_agg: LossAgg, ref_logp: torch.Tensor | None = None,
                 kl_coef: float = 0.0, kl_estimator: KLEstimator = KLEstimator.K3,
-                normalizer: float | None = None) -> tuple[torch.Tensor, PolicyLossStats]:
-    """logp, old_logp, mask, ref_logp: (B, T); advantages: (B,). Returns (scalar loss, stats).
+                normalizer: float | None = None,
+                clip_ratio_c: float | None = None) -> tuple[torch.Tensor, PolicyLossStats]:
+    """logp, old_logp, mask, ref_logp: (B, T); advantages: (B,) one per sequence, or (B, T) one per token (PPO).
+    Returns (scalar loss, stats).
 
     per token:  -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) + kl_coef * KL,   r = exp(logp - old_logp)
+    dual-clip (clip_ratio_c given, > 1; Ye et al. 2019, verl's clip_ratio_c): where A < 0 the policy term is
+                min(that, -A * clip_ratio_c), which bounds the loss of a token whose ratio has run far above 1.
+    No clamp of logp - old_logp before exp (verl clamps it to [-20, 20]).
     TOKEN_MEAN: sum over valid tokens / normalizer (default: this batch's token count)
     SEQ_MEAN:   sum over sequences of (sequence's token mean) / normalizer (default: this batch's sequences)
     """
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
     mask = mask.float()
     ratio = torch.exp(logp - old_logp)  # (B, T)
-    adv = advantages[:, None].float()  # (B, 1)
+    adv = advantages[:, None].float() if advantages.dim() == 1 else advantages.float()  # (B, 1) or (B, T)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
     pg = -torch.minimum(unclipped, clipped)  # (B, T)
+    lower = None
+    if clip_ratio_c is not None:
+        bound = -adv * clip_ratio_c
+        lower = ((pg > bound) & (adv < 0)).float()
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
     per_token = pg
     kl = torch.zeros_like(pg)
     if ref_logp is not None and kl_coef > 0:
@@ -83,5 +96,6 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         clip_frac = (((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))).float()
         stats = PolicyLossStats(pg_loss=float((pg * mask).sum() / n), kl=float((kl * mask).sum() / n),
                                 clip_fraction=float((clip_frac * mask).sum() / n),
-                                ratio_mean=float((ratio * mask).sum() / n), tokens=int(mask.sum()))
+                                ratio_mean=float((ratio * mask).sum() / n), tokens=int(mask.sum()),
+                                clip_fraction_lower=float((lower * mask).sum() / n) if lower is not None else 0.0)
     return loss, stats
