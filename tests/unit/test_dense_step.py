@@ -80,7 +80,7 @@ def test_a_non_finite_dpo_loss_stops_before_the_optimizer_step(folders, world_of
     model = wrap(load_model(folders["llama"]), objective.cfg, world_of_one)
     batches = _batches(objective, tok, PAIRS, pack=False)
     with torch.no_grad():
-        model.module.get_input_embeddings().weight[int(batches[0].input_ids[0, 0])] = math.nan
+        getattr(model, "module", model).get_input_embeddings().weight[int(batches[0].input_ids[0, 0])] = math.nan
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     with pytest.raises(NonFiniteError, match=r"^dpo step stopped before the optimizer step: loss nan"):
         train_step(model, opt, batches, cfg=objective.cfg, info=world_of_one, lr=1e-2, autocast=False,

@@ -67,7 +67,9 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
 def wrap(model: torch.nn.Module, cfg: SFTConfig, info: DistInfo, *, gradient_checkpointing: bool = False
          ) -> torch.nn.Module:
     """Move to this rank's device, enable activation checkpointing if asked (before wrapping: it replaces the
-    decoder layers' call), then wrap in DDP or FSDP2. The model is left in training mode."""
+    decoder layers' call), then wrap in DDP or FSDP2. The model is left in training mode. A world of one is not
+    wrapped in DDP (as the RL policy's ranks): DDP would only add its forward bookkeeping and gradient buckets,
+    ~7% of a tiny_cpu DPO step (2.6 ms per forward and an all-reduce per micro-batch, profiled)."""
     model.to(info.device).train()
     hf = model.rm if isinstance(model, TokenScores) else model
     if gradient_checkpointing:
@@ -78,6 +80,8 @@ def wrap(model: torch.nn.Module, cfg: SFTConfig, info: DistInfo, *, gradient_che
         for layer in getattr(hf, hf.base_model_prefix).layers:
             fully_shard(layer)
         return fully_shard(model)
+    if info.world_size == 1:
+        return model
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda"
                                                      else None)
 
@@ -94,7 +98,9 @@ def _sync_context(model: torch.nn.Module, cfg: SFTConfig, last: bool):
     if cfg.parallelism == Parallelism.FSDP2:
         model.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
-    return contextlib.nullcontext() if last else model.no_sync()
+    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):  # a world of one: nothing to sync
+        return contextlib.nullcontext()
+    return model.no_sync()
 
 
 class NonFiniteError(RuntimeError):
