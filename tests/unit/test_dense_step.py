@@ -1,6 +1,7 @@
 """One dense step (train_step with an objective) in a world of one: DPO against a reference equal to the policy
 starts at log 2 with zero rewards; gradient checkpointing changes neither loss nor gradients for DPO, the reward
-model and distillation; the numerics gate stops a DPO step before the optimizer moves."""
+model and distillation; a pair laid out with its prompt once (share_prompt) gives the loss, metrics and gradients
+of two rows; the numerics gate stops a DPO step before the optimizer moves."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from posttrain.config import DistillConfig, DPOConfig, RewardModelConfig
 from posttrain.models.io import load_model, load_tokenizer
-from posttrain.sft.batching import collate
+from posttrain.sft.batching import collate, collate_units, shared_prefix_length
 from posttrain.sft.objectives import objective_for
 from posttrain.sft.trainer import NonFiniteError, build_trainee, train_step, wrap
 
@@ -70,6 +71,48 @@ def test_gradient_checkpointing_same_loss_and_gradients(folders, world_of_one, n
         results.append((m, grads))
     (ma, ga), (mb, gb) = results
     assert ma["loss"] == pytest.approx(mb["loss"], abs=1e-5) and ma["loss"] > 0
+    assert ga.keys() == gb.keys() and len(ga) > 5
+    assert max(float((ga[k] - gb[k]).abs().max()) for k in ga) < 1e-5
+
+
+def _step_with_grads(objective, model, batches, frozen, world_of_one):
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    grads = {}
+    orig = opt.step
+
+    def capture(*a, **kw):
+        grads.update({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        return orig(*a, **kw)
+
+    opt.step = capture
+    m = train_step(model, opt, batches, cfg=objective.cfg, info=world_of_one, lr=0.0, autocast=False,
+                   objective=objective, frozen=frozen)
+    return m, grads
+
+
+@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("name", ["dpo", "reward_model"])
+def test_a_shared_prompt_gives_the_numbers_of_two_rows(folders, world_of_one, name, pack):
+    tok = load_tokenizer(folders["tok"])
+    objective = objective_for(CONFIGS[name])
+    items = [objective.encode(ex, tok, 64) for ex in PAIRS]
+    assert all(shared_prefix_length(*it) >= 5 for it in items)  # the prompt and the assistant header are shared
+    frozen = load_model(folders["llama"]) if name == "dpo" else None
+    results = []
+    for share in (False, True):
+        torch.manual_seed(0)  # the reward model's fresh head
+        model = wrap(build_trainee(objective.name, None, tok, folders["llama"]), objective.cfg, world_of_one)
+        batches = [collate_units(part, pack=pack, pack_length=48, pad_id=tok.pad_token_id, share_prefix=share)
+                   for part in (items[:4], items[4:])]
+        results.append((_step_with_grads(objective, model, batches, frozen, world_of_one),
+                        sum(int((b.seq_index >= 0).sum()) for b in batches),  # positions laid out
+                        sum(b.num_tokens for b in batches)))
+    ((ma, ga), laid_a, tokens_a), ((mb, gb), laid_b, tokens_b) = results
+    shared = sum(shared_prefix_length(*it) for it in items)
+    assert tokens_a == tokens_b and laid_b == laid_a - shared  # same work; the prompts went through once
+    assert ma.keys() == mb.keys()
+    for k in ma:
+        assert ma[k] == pytest.approx(mb[k], abs=1e-5), k
     assert ga.keys() == gb.keys() and len(ga) > 5
     assert max(float((ga[k] - gb[k]).abs().max()) for k in ga) < 1e-5
 

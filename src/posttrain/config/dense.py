@@ -61,6 +61,10 @@ class DPOConfig(SFTConfig):
     sft_weight: float = 0.0
     """The SFT-regularised variant (RPO): adds this times the cross-entropy of the chosen completions (mean
     over their tokens in the global batch) to the loss; 0 is plain DPO."""
+    share_prompt: bool = True
+    """Lay each pair out as ONE row, the prompt once and then both completions, each attending to the prompt and
+    itself (a 4D mask; the same logits as two rows, float rounding aside): the prompt goes through the model
+    once instead of twice. False: two rows, as TRL's trainers do."""
     reference: str = ""
     """The frozen reference model: a `model` artifact id (or unique prefix), a local HF folder, or
     `channel:NAME`; "" is the model DPO starts from."""
@@ -80,6 +84,10 @@ class RewardModelConfig(SFTConfig):
     lr: float = 1e-4
     warmup_steps: int = 10
     save_every: int = 50
+    share_prompt: bool = True
+    """Lay each pair out as ONE row, the prompt once and then both completions, each attending to the prompt and
+    itself (a 4D mask; the same logits as two rows, float rounding aside): the prompt goes through the model
+    once instead of twice. False: two rows, as TRL's trainers do."""
     center_rewards_coef: float = 0.0
     """Adds this times mean((r_chosen + r_rejected)^2) to the loss, keeping scores centred on 0 (TRL's
     center_rewards_coefficient); 0: off."""

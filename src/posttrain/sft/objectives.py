@@ -34,12 +34,8 @@ import torch
 
 from posttrain.config import DistillConfig, DPOConfig, DPOLoss, Objective, RewardModelConfig, SFTConfig, objective_of
 from posttrain.data.chat import tokenize_for_training
-from posttrain.sft.batching import IGNORE, Batch, sequence_sums, token_losses
+from posttrain.sft.batching import IGNORE, Batch, Sequence, sequence_sums, token_losses
 from posttrain.sft.losses import bradley_terry_losses, distill_token_losses, dpo_losses
-
-Sequence = tuple[list[int], list[int]]
-"""(input ids, loss mask: 1 on the tokens that get loss)."""
-
 
 def _autocast(enabled: bool):
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled)

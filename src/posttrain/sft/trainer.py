@@ -49,7 +49,7 @@ from posttrain.data.examples import read_examples
 from posttrain.models.io import enable_gradient_checkpointing, load_model, load_tokenizer, save_model
 from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.models.tiny import build_model
-from posttrain.sft.batching import Batch, collate, rank_order
+from posttrain.sft.batching import Batch, collate_units, rank_order
 from posttrain.sft.dist import DistInfo, all_reduce_sum, init_distributed
 from posttrain.sft.objectives import SFTObjective, objective_for
 from posttrain.tracking import Tracker
@@ -151,6 +151,7 @@ class Shards:
         """`encoded`: one tuple of (ids, loss mask) sequences per example - one for SFT, (chosen, rejected) for
         pairs; an example's sequences always go into the same micro-batch, in order."""
         self.encoded, self.cfg, self.info, self.pad_id, self.pack_length = encoded, cfg, info, pad_id, pack_length
+        self.share_prefix = getattr(cfg, "share_prompt", False)  # pair objectives: the prompt once per pair
         self.accum = cfg.global_batch_size // (cfg.micro_batch_size * info.world_size)
         self.per_step = cfg.micro_batch_size * self.accum  # examples per rank per step
         self.per_epoch = (len(encoded) // info.world_size) // self.per_step
@@ -166,8 +167,9 @@ class Shards:
                                               self.info.world_size)}
         idx = self._orders[epoch][k * self.per_step:(k + 1) * self.per_step]
         m = self.cfg.micro_batch_size
-        return [collate([seq for i in idx[j:j + m] for seq in self.encoded[i]], pack=self.cfg.packing,
-                        pack_length=self.pack_length, pad_id=self.pad_id) for j in range(0, len(idx), m)]
+        return [collate_units([self.encoded[i] for i in idx[j:j + m]], pack=self.cfg.packing,
+                              pack_length=self.pack_length, pad_id=self.pad_id, share_prefix=self.share_prefix)
+                for j in range(0, len(idx), m)]
 
 
 def _check_world(cfg: SFTConfig, info: DistInfo) -> None:
