@@ -37,6 +37,7 @@ from posttrain.data.chat import tokenize_for_training
 from posttrain.sft.batching import IGNORE, Batch, Sequence, sequence_sums, token_losses
 from posttrain.sft.losses import bradley_terry_losses, distill_token_losses, dpo_losses
 
+
 def _autocast(enabled: bool):
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled)
 
