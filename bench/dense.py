@@ -32,9 +32,13 @@
    written: bench/results/dense-<date>[-quick].json. Headline: project / TRL tokens/s (target >= 1.3x with an
    equal or better held-out gain).
 
-Measured 2026-11-25 (this 2-core CPU, 2 threads each, 1-minute load ~1.5 with other jobs' tests running): 4,890
-pairs, 163,200 tokens each; 12.6k vs 10.1k tokens/s (x1.25; median step 0.169 vs 0.204 s); both greedy 0.434 ->
-0.978, sampled 0.680 -> 0.722; the per-step losses of the two trainers agree within 1e-7 (identical work).
+Measured 2026-11-25 (this 2-core CPU, 2 threads each, load 1.8-1.9, `--repeats 3`): 4,890 pairs, 163,200 tokens
+each; 19.2k vs 11.7k tokens/s (x1.63; every run: 17.8k / 19.2k / 22.6k vs 9.4k / 11.7k / 12.0k; median step
+0.111 vs 0.177 s); both greedy 0.434 -> 0.978, sampled 0.680 -> 0.722; the per-step losses of the two trainers
+agree within 9e-8 (identical work). Most of the gain is the shared prompt (`dpo.share_prompt`, the default: a
+pair is one row, prompt once, ~1/3 fewer tokens through the model here); before it, with two rows per pair as
+TRL lays them out (and a world of one still wrapped in DDP), the same day's 5 runs gave x1.19 (14.1k vs 11.8k). The project's tokens count each sequence whole, as
+TRL's do: tokens/s is work per second, not positions computed.
 
 Run ONE benchmark at a time on an otherwise idle machine: both trainers compete for the same 2 cores.
 Leaves out: several seeds (use --seed), multi-rank DPO, IPO/RPO variants, TRL's precomputed reference log-probs.

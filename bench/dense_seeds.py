@@ -125,8 +125,8 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -
                      f"{w['pipeline'] / 60:.1f} / {w['dpo'] / 60:.1f} / {w['reward_model'] / 60:.1f} / "
                      f"{w['distill'] / 60:.1f} min |")
     command = " ".join(["bench/dense_seeds.py", *[a for a in argv if a != "--write-readme"]])
-    lines += ["", (f"Greedy accuracy on the 500 held-out problems. DPO starts from the SFT model and trains on pairs "
-                   f"of its own samples; the reward model on the same pairs; the student is freshly initialised and "
+    lines += ["", (f"Greedy accuracy on the 500 held-out problems. DPO (SFT-regularised: `dpo.sft_weight` 1) starts "
+                   f"from the SFT model and trains on pairs of its own samples; the reward model on the same pairs; the student is freshly initialised and "
                    f"distilled from the RL model on the sloppy demonstrations SFT imitates. Wall times are whole "
                    f"`pyflyte run`s, later ones reusing cached stages. Command: `.venv/bin/python {command}` "
                    f"({time.strftime('%Y-%m-%d')}, commit {_commit()}; load average {load[0]:.2f} {load[1]:.2f} "
