@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings
-from default_seeds import _commit, write_readme  # noqa: E402
+from default_seeds import _commit, write_readme
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDED = ("data", "sft", "rl", "pairs", "dpo", "reward_model", "distill")
@@ -59,23 +59,23 @@ def pyflyte(workflow: str, overrides: dict, home: Path) -> tuple[str, float]:
     return out.stdout, time.perf_counter() - t0
 
 
-def _accuracies(stdout: str) -> dict[str, float]:
+def accuracies(stdout: str) -> dict[str, float]:
     return {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", stdout)}
 
 
 def run_seed(seed: int, home: Path, extra: dict) -> dict:
     over = seed_overrides(seed, extra)
     out, t_rl = pyflyte("pipeline", over, home)
-    rl = _accuracies(out)
+    rl = accuracies(out)
     teacher = re.search(r"rl_model_id='([0-9a-f]{64})'", out).group(1)
     out, t_dpo = pyflyte("dpo_pipeline", over, home)
-    dpo = _accuracies(out)
+    dpo = accuracies(out)
     pairs = re.search(r"pairs: dataset \w+ \((\d+) train / (\d+) eval pairs", out)
     out, t_rm = pyflyte("reward_model_pipeline", over, home)
     pairwise = float(re.search(r"pairwise accuracy ([0-9.]+) on", out).group(1))
     kd_over = {**over, "distill": {**over["distill"], "teacher": teacher}}
     out, t_kd = pyflyte("distill_pipeline", kd_over, home)
-    kd = _accuracies(out)
+    kd = accuracies(out)
     return {"seed": seed, "sft_greedy": rl["sft_greedy_accuracy"], "rl_greedy": rl["rl_greedy_accuracy"],
             "dpo_greedy": dpo["rl_greedy_accuracy"], "dpo_sampled": dpo["rl_sampled_accuracy"],
             "sft_sampled": rl["sft_sampled_accuracy"],
