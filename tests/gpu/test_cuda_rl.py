@@ -50,7 +50,8 @@ from posttrain.data.examples import read_examples
 from posttrain.models.io import load_tokenizer
 from posttrain.rl.controller import Controller, RoleGroups
 from posttrain.rl.remote import LocalActor
-from posttrain.rl.roles.policy import PolicyGroup, PolicyWorker
+from posttrain.rl.roles.policy import PolicyWorker
+from posttrain.rl.roles.policy_group import PolicyGroup
 from posttrain.rl.roles.reference import ReferenceGroup, ReferenceWorker
 from posttrain.rl.roles.reward import RewardGroup, RewardWorker
 from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker, TransformersEngine

@@ -21,7 +21,8 @@ from posttrain.models.generate import forward_response_logits, sequence_logprobs
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.controller import Controller, RoleGroups
-from posttrain.rl.roles.policy import PolicyGroup, PolicyWorker
+from posttrain.rl.roles.policy import PolicyWorker
+from posttrain.rl.roles.policy_group import PolicyGroup
 from posttrain.rl.roles.reward import RewardGroup, RewardWorker
 from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
 from posttrain.rl.state import PromptSampler

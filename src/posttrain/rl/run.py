@@ -97,7 +97,7 @@ class ControllerActor:
         from posttrain.rl.controller import Controller, RoleGroups
         from posttrain.rl.metrics import RLTracker
         from posttrain.rl.remote import gather
-        from posttrain.rl.roles.policy import PolicyGroup
+        from posttrain.rl.roles.policy_group import PolicyGroup
         from posttrain.rl.roles.reference import ReferenceGroup
         from posttrain.rl.roles.reward import RewardGroup
         from posttrain.rl.roles.rollout import RolloutGroup
