@@ -45,6 +45,7 @@ import torch
 
 from posttrain.config import DistillLoss, DPOLoss
 from posttrain.sft.losses import bradley_terry_losses, distill_token_losses, dpo_losses
+from tests.peer_install import install_no_deps
 
 ROOT = Path(__file__).resolve().parents[2]
 TRL_PINS = ("trl==1.16.0", "accelerate==1.15.0", "psutil==7.2.2")  # as bench/rl_vs_trl.py
@@ -55,20 +56,8 @@ TEMPERATURES = (1.0, 2.0)
 
 
 def _trl_dir() -> Path:
-    """bench/rl_vs_trl.py's install_trl, without importing bench (it pulls in the project's stages)."""
-    cache = Path(os.environ.get("POSTTRAIN_BENCH_CACHE") or "~/.cache/posttrain/bench/rl-trl").expanduser()
-    target = cache / ("trl-" + "-".join(p.split("==")[1] for p in TRL_PINS))
-    if not (target / ".complete").exists():
-        r = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--upgrade",
-                            "--target", str(target), *TRL_PINS], check=False, capture_output=True, text=True)
-        if r.returncode:
-            err = r.stderr + r.stdout
-            if any(s in err for s in ("No matching distribution", "Could not find a version", "connection",
-                                      "Connection", "NewConnectionError", "Max retries")):
-                pytest.skip(f"pip cannot install {' '.join(TRL_PINS)}: {err.strip().splitlines()[-1]}")
-            raise RuntimeError(f"pip install of TRL failed:\n{err}")
-        (target / ".complete").touch()
-    return target
+    """bench/rl_vs_trl.py's install_trl folder, without importing bench (it pulls in the project's stages)."""
+    return install_no_deps("~/.cache/posttrain/bench/rl-trl", "trl-" + "-".join(p.split("==")[1] for p in TRL_PINS), TRL_PINS)
 
 
 # Runs in the subprocess: reads the inputs as JSON on stdin, prints TRL's results as JSON on stdout.

@@ -41,6 +41,7 @@ import torch
 from posttrain.config import KLEstimator, LossAgg
 from posttrain.rl.algorithms.grpo import kl_penalty, policy_loss
 from posttrain.rl.algorithms.ppo import explained_variance, gae_advantages, token_rewards, value_loss
+from tests.peer_install import install_no_deps
 
 ROOT = Path(__file__).resolve().parents[2]
 VERL_PINS = ("verl==0.9.1", "omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3", "tensordict==0.10.0",
@@ -55,19 +56,7 @@ KL_COEF = 0.05
 
 
 def _verl_dir() -> Path:
-    cache = Path(os.environ.get("POSTTRAIN_BENCH_CACHE") or "~/.cache/posttrain/bench/verl").expanduser()
-    target = cache / "verl-0.9.1"
-    if not (target / ".complete").exists():
-        r = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--upgrade",
-                            "--target", str(target), *VERL_PINS], check=False, capture_output=True, text=True)
-        if r.returncode:
-            err = r.stderr + r.stdout
-            if any(s in err for s in ("No matching distribution", "Could not find a version", "connection",
-                                      "Connection", "NewConnectionError", "Max retries")):
-                pytest.skip(f"pip cannot install {' '.join(VERL_PINS)}: {err.strip().splitlines()[-1]}")
-            raise RuntimeError(f"pip install of verl failed:\n{err}")
-        (target / ".complete").touch()
-    return target
+    return install_no_deps("~/.cache/posttrain/bench/verl", "verl-0.9.1", VERL_PINS)
 
 
 # Runs in the subprocess: reads the inputs as JSON on stdin, prints verl's results as JSON on stdout.
