@@ -30,7 +30,6 @@ import torch
 
 from posttrain.config import RewardConfig, RLConfig
 from posttrain.rl.algorithms.grpo import policy_loss
-from posttrain.rl.controller import RoleGroups
 from posttrain.rl.remote import LocalActor
 from posttrain.rl.roles.reward import RewardGroup, RewardWorker
 from posttrain.rl.state import PromptSampler
@@ -315,11 +314,13 @@ def fake_sampler(cfg: RLConfig, num_examples: int = 64) -> PromptSampler:
 
 
 def make_fake_groups(cfg: RLConfig, *, rollout_cls: type = FakeRolloutGroup, reward=None,
-                     seed: int = 0) -> RoleGroups:
+                     seed: int = 0) -> dict:
     start = _clone(BigramLM(seed=seed))
-    return RoleGroups(rollout=rollout_cls(start), reward=reward or FakeRewardGroup(),
-                      reference=FakeReferenceGroup(start) if cfg.kl_coef > 0 else None,
-                      policy=FakePolicyGroup(start, cfg))
+    groups = {"rollout": rollout_cls(start), "reward": reward or FakeRewardGroup(),
+              "reference": FakeReferenceGroup(start), "policy": FakePolicyGroup(start, cfg)}
+    if cfg.kl_coef <= 0:
+        del groups["reference"]
+    return groups
 
 
 class NullTracker:

@@ -48,7 +48,7 @@ import torch.distributed as dist
 from posttrain.config import RewardConfig, RLConfig
 from posttrain.data.examples import read_examples
 from posttrain.models.io import load_tokenizer
-from posttrain.rl.controller import Controller, RoleGroups
+from posttrain.rl.controller import Controller
 from posttrain.rl.remote import LocalActor
 from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.policy_group import PolicyGroup
@@ -73,9 +73,9 @@ reward = RewardWorker(RewardConfig(), 0, 1)
 t = rl.remote_timeout_s
 pg = PolicyGroup([LocalActor(policy)], [policy.identity()], t, rl.micro_batch_size)
 pg.setup()
-groups = RoleGroups(rollout=RolloutGroup([LocalActor(rollout)], [rollout.identity()], t),
-                    reward=RewardGroup([LocalActor(reward)], [reward.identity()], t),
-                    reference=ReferenceGroup([LocalActor(reference)], [reference.identity()], t), policy=pg)
+groups = {"rollout": RolloutGroup([LocalActor(rollout)], [rollout.identity()], t),
+          "reward": RewardGroup([LocalActor(reward)], [reward.identity()], t),
+          "reference": ReferenceGroup([LocalActor(reference)], [reference.identity()], t), "policy": pg}
 sampler = PromptSampler(read_examples(d / "ds", "train"), load_tokenizer(md), prompts_per_step=rl.prompts_per_step,
                         seed=rl.seed, max_prompt_len=MODEL.max_seq_len - rl.max_new_tokens)
 history = Controller(rl, groups, sampler, Keep(), checkpointer=None).run(rl.steps)

@@ -20,7 +20,7 @@ from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.models.generate import forward_response_logits, sequence_logprobs, token_logprobs
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.algorithms import grpo
-from posttrain.rl.controller import Controller, RoleGroups
+from posttrain.rl.controller import Controller
 from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.policy_group import PolicyGroup
 from posttrain.rl.roles.reward import RewardGroup, RewardWorker
@@ -154,8 +154,8 @@ def test_controller_step_with_two_policy_ranks_equals_single_process_update(ray_
                for name, hs in {"rollout": rollout, "reward": reward, "policy": policy}.items()}
         pg = _RecordingPolicyGroup(policy, ids["policy"], 120, cfg.micro_batch_size)
         pg.setup()
-        groups = RoleGroups(rollout=RolloutGroup(rollout, ids["rollout"], 120),
-                            reward=RewardGroup(reward, ids["reward"], 120), reference=None, policy=pg)
+        groups = {"rollout": RolloutGroup(rollout, ids["rollout"], 120),
+                  "reward": RewardGroup(reward, ids["reward"], 120), "policy": pg}
         sampler = PromptSampler(read_examples(dataset_dir, "train"), load_tokenizer(model_dir),
                                 prompts_per_step=cfg.prompts_per_step, seed=cfg.seed, max_prompt_len=24)
         controller = Controller(cfg, groups, sampler, _NoTracker(), None)

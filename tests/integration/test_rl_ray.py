@@ -22,6 +22,14 @@ pytestmark = pytest.mark.ray
 TRACKING = TrackingConfig(wandb=False, log_every=1)
 
 
+def _counts(placement: PlacementConfig, *, kl: bool) -> dict[str, int]:
+    """Role -> workers as the registry declares them for a GRPO run with or without a KL reference."""
+    from posttrain.rl.roles.registry import RunSettings, role_counts
+
+    return role_counts(RunSettings(rl=RLConfig(kl_coef=0.01 if kl else 0.0), reward=RewardConfig(),
+                                   placement=placement, model=None, start_model_dir=""))
+
+
 class Probe:
     """Reports the placement group and bundle Ray put it in, read from inside the actor."""
 
@@ -37,7 +45,7 @@ def test_every_actor_runs_in_its_roles_bundle(ray_local, mode):
     ray = ray_local
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cfg = PlacementConfig(mode=mode, policy_workers=2, rollout_workers=1, reward_workers=1, reference_workers=1)
-    plan = pl.plan_placement(cfg, with_reference=True, available=pl.free_resources(min_cpu=4.0))
+    plan = pl.plan_placement(cfg, counts=_counts(cfg, kl=True), available=pl.free_resources(min_cpu=4.0))
     total = sum(b["CPU"] for g in plan.groups for b in g.bundles)
     assert total <= ray.available_resources()["CPU"] + 1e-6  # fits by construction: no silent hang
     pgs = pl.create_placement_groups(plan, timeout_s=30)
@@ -65,10 +73,10 @@ def test_every_actor_runs_in_its_roles_bundle(ray_local, mode):
 
 def test_plan_sizes_actors_to_the_free_cpus():
     two_cores = {"CPU": 2.0}  # five actors at 0.5 CPU would hang forever here (shared/FACTS.md)
-    plan = pl.plan_placement(PlacementConfig(), with_reference=True, available=two_cores)
+    plan = pl.plan_placement(PlacementConfig(), counts=_counts(PlacementConfig(), kl=True), available=two_cores)
     assert {r.num_cpus for r in plan.roles.values()} == {0.4}
     assert plan.groups[0].bundles == [{"CPU": 1.6}, {"CPU": 0.4}]  # slot 0: all four roles; slot 1: policy rank 1
-    split = pl.plan_placement(PlacementConfig(mode=PlacementMode.SPLIT), with_reference=False,
+    split = pl.plan_placement(PlacementConfig(mode=PlacementMode.SPLIT), counts=_counts(PlacementConfig(), kl=False),
                               available={"CPU": 16.0, "GPU": 2.0, "rollout": 1000.0, "train": 1000.0})
     assert {g.name: len(g.bundles) for g in split.groups} == {"rollout": 1, "reward": 1, "policy": 2}
     assert split.roles["policy"].num_cpus == 1.0  # capped: a CPU share is a budget, not threads
@@ -78,7 +86,7 @@ def test_plan_sizes_actors_to_the_free_cpus():
 
 def test_over_asking_fails_fast_instead_of_hanging(ray_local):
     with pytest.raises(pl.PlacementError, match="GPU"):
-        pl.plan_placement(PlacementConfig(gpus_per_worker=1.0), with_reference=False, available={"CPU": 4.0})
+        pl.plan_placement(PlacementConfig(gpus_per_worker=1.0), counts=_counts(PlacementConfig(), kl=False), available={"CPU": 4.0})
     plan = pl.PlacementPlan(mode=PlacementMode.SPLIT, roles={},
                             groups=[pl.PlacementGroupSpec(name="huge", bundles=[{"CPU": 64.0}])])
     with pytest.raises(pl.PlacementError, match="not ready within 2s"):

@@ -44,7 +44,12 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"sft": {"lr": "fast"}}', "sft.lr"),
     ('{"rl": {"kl_estimator": "k9"}}', "rl.kl_estimator"),
     ('{"rl": {"samples_per_prompt": 1}}', "rl.samples_per_prompt"),
-    ('{"rl": {"algorithm": "ppo"}}', "rl.algorithm"),
+    ('{"rl": {"gamma": 0.9}}', "rl.gamma"),  # a PPO setting under GRPO does nothing: refused
+    ('{"rl": {"algorithm": "ppo", "critic_warmup_steps": 100}}', "rl.critic_warmup_steps"),
+    ('{"rl": {"algorithm": "ppo", "clip_ratio_c": 0.5}}', "rl.clip_ratio_c"),
+    ('{"rl": {"algorithm": "ppo", "kl_in_reward": true}}', "rl.kl_in_reward"),
+    ('{"placement": {"critic_workers": 2}}', "placement.critic_workers"),
+    ('{"rl": {"mini_batches": 2000}}', "rl.mini_batches"),
     ('{"reward": {"fn": "not a path"}}', "reward.fn"),
     ('{"rl": {"max_new_tokens": 32}}', "rl.max_new_tokens"),
     ('{"eval": {"max_new_tokens": 40}}', "eval.max_new_tokens"),

@@ -54,7 +54,7 @@ def test_full_step_types_versions_and_metrics():
     c.start()
     m1, m2 = c.step(), c.step()
     assert isinstance(m1, StepMetrics) and (m1.step, m1.policy_version, m2.policy_version) == (1, 1, 2)
-    assert c.groups.rollout.version == 2 and c.groups.policy.version == 2
+    assert c.groups["rollout"].version == 2 and c.groups["policy"].version == 2
     assert set(m1.phase_s) == {"rollout", "reward", "reference", "advantages", "update", "sync"}
     assert set(m1.compute_s) == {"rollout", "reward", "reference", "update"}  # drift: the update's own forward
     assert 0.0 <= m1.accuracy <= 1.0 and m1.reward_failures == 0 and m1.drift < 1e-5
@@ -69,7 +69,7 @@ def test_full_step_types_versions_and_metrics():
 def test_no_reference_group_without_kl():
     cfg = replace(CFG, kl_coef=0.0)
     c = controller(cfg)
-    assert c.groups.reference is None
+    assert "reference" not in c.groups
     c.start()
     assert "reference" not in c.step().phase_s
 
@@ -122,15 +122,16 @@ def test_a_non_finite_number_stops_the_step_before_the_update_and_any_checkpoint
     from posttrain.rl.controller import NonFiniteError
 
     if poison == "reference":
-        c = controller()
-        c.groups = dataclasses.replace(c.groups, reference=NaNReferenceGroup(c.groups.reference.model.state_dict()))
+        groups = make_fake_groups(CFG)
+        groups["reference"] = NaNReferenceGroup(groups["reference"].model.state_dict())
+        c = Controller(CFG, groups, fake_sampler(CFG), NullTracker(), None)
     else:
         c = controller(reward=NaNRewardGroup() if poison == "reward" else HugeRewardGroup())
     c.start()
-    policy_version = c.groups.policy.version
+    policy_version = c.groups["policy"].version
     with pytest.raises(NonFiniteError, match=rf"step 1: {what} .* stopped before the policy update"):
         c.step()
-    assert c.groups.policy.version == policy_version and not c.history  # the poisoned step made no update
+    assert c.groups["policy"].version == policy_version and not c.history  # the poisoned step made no update
 
 
 def test_reward_failures_are_counted():
@@ -229,7 +230,7 @@ def test_checkpoint_resume_gives_the_same_run(tmp_path):
     assert ck.logged_steps() == [1, 2, 3, 4]
     # same prompts, same seeds, same optimizer state -> the same rewards as an uninterrupted run
     assert [m.reward_mean for m in hist] == [m.reward_mean for m in full]
-    assert resumed.groups.policy.weights().checksum == uninterrupted.groups.policy.weights().checksum
+    assert resumed.groups["policy"].weights().checksum == uninterrupted.groups["policy"].weights().checksum
     manifest = ck.store.manifest(resumed.model_id)
     assert manifest.kind == "model" and manifest.extra["policy_version"] == 4 and manifest.extra["reward"] == "fake"
     assert manifest.metrics["step"] == 4

@@ -186,10 +186,23 @@ def _check_reward(w: RewardConfig) -> None:
 
 
 def _check_rl(r: RLConfig, m: ModelConfig) -> None:
-    _check(r.algorithm == Algorithm.GRPO, "rl.algorithm", "only 'grpo' is implemented (PPO needs the critic role)")
+    ppo = r.algorithm == Algorithm.PPO
+    for name in ("kl_in_reward", "gamma", "lam", "critic_lr", "critic_warmup_steps", "critic_init", "value_clip"):
+        _check(ppo or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
+               f"only means something with rl.algorithm 'ppo' (this run: {r.algorithm.value!r})")
+    _check(0 <= r.gamma <= 1, "rl.gamma", "must be in [0, 1]")
+    _check(0 <= r.lam <= 1, "rl.lam", "must be in [0, 1]")
+    _check(r.critic_lr > 0, "rl.critic_lr", "must be > 0")
+    _check(r.critic_warmup_steps >= 0, "rl.critic_warmup_steps", "must be >= 0")
+    _check(r.critic_warmup_steps < r.steps, "rl.critic_warmup_steps", f"must be < rl.steps = {r.steps}")
+    _check(r.value_clip > 0, "rl.value_clip", "must be > 0")
+    _check(not r.kl_in_reward or r.kl_coef > 0, "rl.kl_in_reward", "needs rl.kl_coef > 0")
+    _check(r.clip_ratio_c == 0 or r.clip_ratio_c > 1, "rl.clip_ratio_c", "must be 0 (off) or > 1")
+    _check(r.mini_batches >= 1, "rl.mini_batches", "must be >= 1")
     _check(r.steps >= 1, "rl.steps", "must be >= 1")
     _check(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
-    _check(r.samples_per_prompt >= 2, "rl.samples_per_prompt", "must be >= 2 (GRPO needs a group)")
+    _check(ppo or r.samples_per_prompt >= 2, "rl.samples_per_prompt", "must be >= 2 (GRPO needs a group)")
+    _check(r.samples_per_prompt >= 1, "rl.samples_per_prompt", "must be >= 1")
     _check(r.temperature > 0, "rl.temperature", "must be > 0")
     _check(r.max_new_tokens >= 1, "rl.max_new_tokens", "must be >= 1")
     _check(r.max_new_tokens < m.max_seq_len, "rl.max_new_tokens",
@@ -217,12 +230,18 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
     _check(p.rollout_workers >= 1, "placement.rollout_workers", "must be >= 1")
     _check(p.reference_workers >= 1, "placement.reference_workers", "must be >= 1")
     _check(p.reward_workers >= 1, "placement.reward_workers", "must be >= 1")
+    _check(p.critic_workers >= 0, "placement.critic_workers", "must be >= 0 (0: as many as policy_workers)")
+    _check(p.critic_workers == 0 or r.algorithm == Algorithm.PPO, "placement.critic_workers",
+           "only means something with rl.algorithm 'ppo'")
     _check(p.torch_threads >= 1, "placement.torch_threads", "must be >= 1")
     _check(p.rollout_threads >= 0, "placement.rollout_threads", "must be >= 0 (0: the same as torch_threads)")
     _check(p.gpus_per_worker >= 0, "placement.gpus_per_worker", "must be >= 0")
     batch = r.prompts_per_step * r.samples_per_prompt
     _check(batch >= p.policy_workers, "rl.prompts_per_step",
            f"prompts_per_step * samples_per_prompt = {batch} must be >= placement.policy_workers")
+    _check(batch >= r.mini_batches * max(p.policy_workers, p.critic_workers), "rl.mini_batches",
+           f"prompts_per_step * samples_per_prompt = {batch} must give every mini-batch at least one sequence "
+           f"per rank (rl.mini_batches = {r.mini_batches}, placement.policy_workers = {p.policy_workers})")
 
 
 def _check_tracking(t: TrackingConfig) -> None:

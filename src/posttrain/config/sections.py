@@ -229,7 +229,8 @@ class RLConfig:
     enabled: bool = True
     """Run the RL stage after SFT."""
     algorithm: Algorithm = Algorithm.GRPO
-    """Policy-gradient algorithm (PPO needs a critic role: not implemented yet)."""
+    """The loop each step runs (posttrain.rl.loops): 'grpo' (group-relative advantages, no critic) or 'ppo' (a
+    critic role's values, GAE over token rewards, clipped value loss)."""
     steps: int = 60
     """Policy updates (one rollout batch each)."""
     prompts_per_step: int = 64
@@ -250,17 +251,39 @@ class RLConfig:
     warmup_steps: int = 0
     """Linear warm-up steps for the policy learning rate."""
     inner_epochs: int = 1
-    """Passes over each rollout batch (clipped importance ratio after the first)."""
+    """Passes over each rollout batch (clipped importance ratio after the first optimizer step)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass: the batch's sequences are split into this many mini-batches (a seeded
+    permutation per version), each one step (PPO's mini-batches; the policy and, in PPO, the critic)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward on one policy rank."""
     clip_low: float = 0.2
     """Lower clip range: ratio >= 1 - clip_low."""
     clip_high: float = 0.28
     """Upper clip range: ratio <= 1 + clip_high."""
+    clip_ratio_c: float = 0.0
+    """Dual-clip bound (Ye et al. 2019; verl's clip_ratio_c, 3.0 there): where the advantage is negative the
+    token's loss is at most -advantage * clip_ratio_c. 0: off; otherwise > 1."""
     kl_coef: float = 0.0
     """KL penalty to the reference model; 0 means no reference role is created."""
     kl_estimator: KLEstimator = KLEstimator.K3
     """KL estimator used for the penalty."""
+    kl_in_reward: bool = False
+    """PPO: subtract kl_coef * KL(rollout || reference) (k1, per token) from the token rewards instead of
+    adding the KL term to the policy loss."""
+    gamma: float = 1.0
+    """PPO: discount of GAE."""
+    lam: float = 1.0
+    """PPO: lambda of GAE (1.0: Monte-Carlo returns minus the value baseline)."""
+    critic_lr: float = 1e-5
+    """PPO: the critic's learning rate (AdamW, constant)."""
+    critic_warmup_steps: int = 0
+    """PPO: the first this many steps train only the critic (the policy keeps its weights and version)."""
+    critic_init: str = ""
+    """PPO: where the critic starts: "" = the policy's start model with a fresh value head (seeded by
+    rl.seed), or a folder holding a sequence-classification model with one output (a reward model)."""
+    value_clip: float = 0.5
+    """PPO: the clipped value loss's range around the rollout's values (verl's cliprange_value)."""
     loss_agg: LossAgg = LossAgg.TOKEN_MEAN
     """How token losses aggregate over the global batch."""
     std_normalize: bool = True
@@ -305,6 +328,8 @@ class PlacementConfig:
     """Reference log-prob workers (only created when rl.kl_coef > 0)."""
     reward_workers: int = 1
     """Reward scoring workers."""
+    critic_workers: int = 0
+    """PPO: ranks of the SPMD critic group; 0: as many as policy_workers."""
     gpus_per_worker: float = 0.0
     """GPUs per role worker (0 on CPU). In COLOCATED mode roles share each device."""
     torch_threads: int = 1

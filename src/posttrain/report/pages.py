@@ -111,19 +111,28 @@ _RL_CURVES = (
 """(chart name, title, StepMetrics.flat() keys) of the RL page's line charts."""
 
 
-_PHASE_ORDER = ("rollout", "reward", "reference", "advantages", "update", "sync")
-"""The order a step runs its phases in (the manifest's JSON keeps keys sorted, not in this order)."""
+def _phase_times(history: list[dict], algorithm: str | None) -> dict[str, list[float]]:
+    """Seconds per phase at every step (the `time/<phase>_s` keys) in the order the algorithm runs them
+    (`loops.ALGORITHMS`; the manifest's JSON keeps keys sorted), plus `other`: the rest of the step's wall time."""
+    from posttrain.rl.loops import ALGORITHMS
 
-
-def _phase_times(history: list[dict]) -> dict[str, list[float]]:
-    """Seconds per phase at every step (the `time/<phase>_s` keys) in the order they run, plus `other`: the rest
-    of the step's wall time."""
+    known = ALGORITHMS[algorithm].phases if algorithm in ALGORITHMS else ()
     found = {k[len("time/"):-len("_s")] for h in history for k in h if k.startswith("time/")}
-    order = [p for p in _PHASE_ORDER if p in found] + sorted(found - set(_PHASE_ORDER))
+    order = [p for p in known if p in found] + sorted(found - set(known))
     phases = [f"time/{p}_s" for p in order]
     out = {p: [h.get(k, 0.0) for h in history] for p, k in zip(order, phases)}
     out["other"] = [max(h["step_s"] - sum(h.get(k, 0.0) for k in phases), 0.0) for h in history]
     return out
+
+
+def _extra_curves(history: list[dict]) -> dict[str, tuple[str, ...]]:
+    """The algorithm's own metrics (StepMetrics.extra: "critic/value_loss", "adv/mean", ...), one chart per
+    name prefix, so a new algorithm's curves appear without a change here."""
+    keys = sorted({k for h in history for k in h if "/" in k and not k.startswith(("time/", "compute/"))})
+    out: dict[str, list[str]] = {}
+    for k in keys:
+        out.setdefault(k.split("/", 1)[0], []).append(k)
+    return {p: tuple(ks) for p, ks in out.items()}
 
 
 def rl_page(store: ArtifactStore, id_: str) -> str:
@@ -142,9 +151,11 @@ def rl_page(store: ArtifactStore, id_: str) -> str:
         return page(f"RL {m.name}", [_about(m), summary, _no_history("RL")])
     steps = [h["step"] for h in history]
     curves = section("curves", "Per-step curves", *[
-        charts.line_chart(name, title, steps, _curves(history, keys)) for name, title, keys in _RL_CURVES])
+        charts.line_chart(name, title, steps, _curves(history, keys)) for name, title, keys in _RL_CURVES],
+        *[charts.line_chart(f"algo-{prefix}", f"{prefix} ({m.extra.get('algorithm')})", steps, _curves(history, keys))
+          for prefix, keys in _extra_curves(history).items()])
     timing = section("timing", "Time per step", charts.stacked_area(
-        "phases", "Seconds per phase (controller's view)", steps, _phase_times(history)),
+        "phases", "Seconds per phase (controller's view)", steps, _phase_times(history, m.extra.get("algorithm"))),
         charts.line_chart("overhead", "Orchestration overhead (share of the step no worker computed)", steps,
                           _curves(history, ("orchestration_overhead",))))
     return page(f"RL {m.name}", [_about(m), summary, curves, timing])

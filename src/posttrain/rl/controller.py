@@ -1,74 +1,42 @@
-"""The RL controller: one GRPO step, top to bottom, over four role groups it only knows by Protocol.
+"""The RL controller: the run's loop around one algorithm's step - resume, weight sync, metrics, checkpoints.
 
-    PromptSampler ──PromptBatch(v)──► rollout.generate (n per prompt) ──Trajectories(v)──┐
-                                                                                        │
-        ┌─── reward.score ──Rewards──► grpo.group_advantages ──Advantages──┐    reference.log_probs
-        │                                                                  │    (only if kl_coef > 0)
-        │                                                                  ▼            │
-        │              TrainBatch(v) = tokens + rollout logprobs + advantages + ref ◄───┘
-        │                                     │
-        │                              policy.update (SPMD, every rank) ──UpdateStats(v+1)
-        │                                first forward at v: drift vs rollout logprobs (checks the
-        │                                previous sync end to end); gates before the optimizer step
-        │                                     │
-        └──── rollout.load_weights ◄── policy.weights() = WeightsHandle(v+1, checksum)
-              └─► WeightReport per rollout worker: version AND checksum must equal the handle's,
-                  else StaleWeightsError naming the worker
+    Controller.run(steps):
+        start(): restore the newest checkpoint into every training role, push the policy's weights (version v)
+        loop:    prompts = sampler.next_batch(v)
+                 outcome = algorithm.step(prompts, run)            # rl/loops/<algorithm>.py, top to bottom
+                 rollout.load_weights ◄── policy.weights() = WeightsHandle(v+1, checksum)
+                     └─► WeightReport per rollout worker: version AND checksum must equal the handle's,
+                         else StaleWeightsError naming the worker
+                 metrics, tracker, checkpoint every rl.checkpoint_every steps and after the last
 
-`Controller.step()` returns a frozen `StepMetrics`; `Controller.run(steps)` calls `start()` (resume + first
-weight sync) and loops, checkpointing every
-`rl.checkpoint_every` steps and after the last, and resumes from the checkpointer's newest state first.
-The same class runs in-process (tests drive it with the in-process groups of tests/rl_fakes.py) or inside
-ONE Ray actor that holds the real groups (`posttrain.rl.run`). Fan-out is the groups' business: every call below goes to a
-whole group, which shards, calls its workers and merges.
+The algorithm is chosen by `rl.algorithm` (`loops.ALGORITHMS`) and reads the role groups it names in its
+`Roles` dataclass, filled here from the run's groups by name: the controller itself names only the policy and
+the rollout, the two ends of the weight sync. The same class runs in-process (tests drive it with the
+in-process groups of tests/rl_fakes.py) or inside ONE Ray actor that holds the real groups (`posttrain.rl.run`).
+Fan-out is the groups' business: every call goes to a whole group, which shards, calls its workers and merges.
 
-A step stops with `RewardFailureError` (naming the function, the failure count, the step and one reason)
-when more than `rl.max_reward_failure_rate` of its reward calls failed - before the update, so no weights
-are trained on a broken reward. It stops with `NonFiniteError` (naming the step, the stage and the tensor)
-on a non-finite rollout log-prob, reward, reference log-prob or advantage (before the update) or loss or
-gradient norm (the update stops before its optimizer step), and with `WeightDriftError` when the update
-measured drift above `rl.drift_threshold` or NaN (also before its optimizer step); either way no checkpoint
-holds the poisoned step.
+The gates of a step (reward failures, non-finite numbers, drift, version) live with the phases in
+loops/common.py, so every algorithm has them; none lets a poisoned step reach a checkpoint.
 
-Leaves out: asynchronous / off-policy rollouts (generation waits for the sync), a critic (PPO), and
-dynamic batch filtering (groups whose rewards are all equal simply get zero advantage).
+Leaves out: asynchronous / off-policy rollouts (generation waits for the sync).
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Protocol
-
-import torch
+from typing import Any, Protocol
 
 from posttrain.config import RLConfig
-from posttrain.rl.algorithms.grpo import group_advantages
+from posttrain.rl.loops import ALGORITHMS
+from posttrain.rl.loops.common import NonFiniteError, RewardFailureError, StepRun  # noqa: F401 - re-exported
 from posttrain.rl.metrics import StepMetrics, step_metrics
+from posttrain.rl.roles.registry import load
 from posttrain.rl.state import Checkpointer, PromptSampler
-from posttrain.rl.types import (
-    Advantages,
-    PolicyGroup,
-    ReferenceGroup,
-    RewardGroup,
-    Rewards,
-    RolloutGroup,
-    TrainBatch,
-)
-from posttrain.rl.weight_sync import drift_gate, verify_reports
-
-
-@dataclass(frozen=True)
-class RoleGroups:
-    rollout: RolloutGroup
-    reward: RewardGroup
-    reference: ReferenceGroup | None
-    """None when rl.kl_coef == 0."""
-    policy: PolicyGroup
+from posttrain.rl.weight_sync import verify_reports
 
 
 class StepTracker(Protocol):
@@ -79,11 +47,13 @@ class StepTracker(Protocol):
 
 
 class Controller:
-    def __init__(self, rl_cfg: RLConfig, groups: RoleGroups, prompt_sampler: PromptSampler, tracker: StepTracker,
-                 checkpointer: Checkpointer | None):
-        if (rl_cfg.kl_coef > 0) != (groups.reference is not None):
+    def __init__(self, rl_cfg: RLConfig, groups: Mapping[str, Any], prompt_sampler: PromptSampler,
+                 tracker: StepTracker, checkpointer: Checkpointer | None):
+        """`groups`: role name -> group (rl/roles/registry.py names; a role the run does not create is absent)."""
+        if (rl_cfg.kl_coef > 0) != (groups.get("reference") is not None):
             raise ValueError(f"rl.kl_coef = {rl_cfg.kl_coef} needs a reference group exactly when it is > 0")
-        self.cfg, self.groups, self.sampler = rl_cfg, groups, prompt_sampler
+        self.cfg, self.groups, self.sampler = rl_cfg, dict(groups), prompt_sampler
+        self.algorithm = make_algorithm(rl_cfg, self.groups)
         self.tracker, self.checkpointer = tracker, checkpointer
         self.step_count, self.version = 0, 0
         self.rng = random.Random(rl_cfg.seed)
@@ -100,55 +70,19 @@ class Controller:
     def step(self) -> StepMetrics:
         if not self.started:
             raise RuntimeError("Controller.step() before start(): the rollout workers hold no verified weights yet")
-        cfg, g, v = self.cfg, self.groups, self.version
         t_step = time.perf_counter()
         phase: dict[str, float] = {}  # wall seconds per phase, as the controller sees them
-
-        with self._phase(phase, "rollout"):
-            prompts = self.sampler.next_batch(policy_version=v)
-            traj = g.rollout.generate(prompts, n=cfg.samples_per_prompt, temperature=cfg.temperature,
-                                      max_new_tokens=cfg.max_new_tokens, seed=self.rng.randrange(2**31),
-                                      top_p=cfg.top_p, top_k=cfg.top_k)
-        _expect_version("rollout", traj.policy_version, v)
-
-        _check_finite("rollout log-probs", [x for row in traj.logprobs for x in row], step=self.step_count + 1)
-
-        with self._phase(phase, "reward"):
-            rewards = g.reward.score(traj)
-        _check_reward_failures(rewards, step=self.step_count + 1, max_rate=cfg.max_reward_failure_rate)
-        _check_finite("rewards", rewards.scores, step=self.step_count + 1)
-
-        ref = None
-        if g.reference is not None:
-            with self._phase(phase, "reference"):
-                ref = g.reference.log_probs(traj, temperature=cfg.temperature)
-            _check_finite("reference log-probs", [x for row in ref.values for x in row], step=self.step_count + 1)
-
-        with self._phase(phase, "advantages"):
-            adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,
-                                   std_normalize=cfg.std_normalize)
-            advantages = Advantages(policy_version=v, values=adv.tolist())
-        _check_finite("advantages", advantages.values, step=self.step_count + 1)
-
-        with self._phase(phase, "update"):
-            batch = TrainBatch(policy_version=v, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
-                               old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None,
-                               advantages=advantages.values)
-            # SPMD: every policy rank runs the same update on its shard. Before the update both sides hold
-            # version v, so its first forward compares the rollout engine with the policy on identical
-            # weights - the drift check of the previous step's weight sync, end to end.
-            stats = g.policy.update(batch, drift_threshold=cfg.drift_threshold)
-        drift_gate(stats.drift, version=v, threshold=cfg.drift_threshold, rollout_workers=g.rollout.identities())
-        if not stats.applied:
-            raise NonFiniteError(f"step {self.step_count + 1}: stage policy.update stopped before the optimizer "
-                                 f"step: {stats.stopped}; weights stay at version {v}, no checkpoint written")
-        _expect_version("policy update", stats.policy_version, v + 1)
-
-        with self._phase(phase, "sync"):
-            self._push_weights(stats.policy_version, checksum=stats.weights_checksum)
-
-        self.version, self.step_count = stats.policy_version, self.step_count + 1
-        m = step_metrics(step=self.step_count, traj=traj, rewards=rewards, ref=ref, stats=stats, phase_s=phase,
+        run = StepRun(step=self.step_count + 1, version=self.version, seed=self.rng.randrange(2**31),
+                      phase=lambda name: self._phase(phase, name))
+        with self._phase(phase, "rollout"):  # the sampler's time counts as the rollout's, as it always did
+            prompts = self.sampler.next_batch(policy_version=self.version)
+        out = self.algorithm.step(prompts, run)
+        if out.stats is not None:  # None: this step trained no policy (e.g. PPO's critic warm-up)
+            with self._phase(phase, "sync"):
+                self._push_weights(out.stats.policy_version, checksum=out.stats.weights_checksum)
+            self.version = out.stats.policy_version
+        self.step_count += 1
+        m = step_metrics(step=self.step_count, outcome=out, version=self.version, phase_s=phase,
                          step_s=time.perf_counter() - t_step)
         self.history.append(m)
         return m
@@ -160,13 +94,13 @@ class Controller:
     def _push_weights(self, version: int, checksum: str | None = None) -> None:
         """Hand the policy's weights to every rollout worker; each must report back exactly this version and
         the handle's checksum (`verify_reports` names any worker that does not)."""
-        handle = self.groups.policy.weights()
+        handle = self.groups["policy"].weights()
         if handle.version != version or (checksum is not None and handle.checksum != checksum):
             want = f"version {version}" + (f" checksum {checksum[:12]}" if checksum is not None else "")
             raise RuntimeError(f"policy.weights() returned version {handle.version} checksum "
                                f"{handle.checksum[:12]}, expected {want}")
-        reports = self.groups.rollout.load_weights(handle)
-        verify_reports(handle, reports, self.groups.rollout.identities())
+        reports = self.groups["rollout"].load_weights(handle)
+        verify_reports(handle, reports, self.groups["rollout"].identities())
 
     # ------------------------------------------------------------------------------------- the loop
 
@@ -174,8 +108,8 @@ class Controller:
         """Restore the newest checkpoint (policy state, sampler cursor, step, RNG), then push the policy's
         weights to the rollout workers - also on a fresh start, so both sides provably hold version 0. First of
         all, the reward group checks that its function can be called with the dataset's columns."""
-        self.groups.reward.check_arguments(self.sampler.column_names())
-        state = self.checkpointer.restore(self.groups.policy) if self.checkpointer else None
+        self.groups["reward"].check_arguments(self.sampler.column_names())
+        state = self.checkpointer.restore(self.groups) if self.checkpointer else None
         if state is not None:
             self.step_count, self.version = state.step, state.policy_version
             self.sampler.load_state_dict(state.sampler)
@@ -213,46 +147,17 @@ class Controller:
         self.stage = "save"
         state = {"sampler": self.sampler.state_dict(), "rng_state": _rng_to_json(self.rng.getstate()),
                  "wandb_id": getattr(self.tracker, "wandb_id", None)}
-        ref = self.checkpointer.save(step=self.step_count, policy_version=self.version, policy=self.groups.policy,
+        ref = self.checkpointer.save(step=self.step_count, policy_version=self.version, groups=self.groups,
                                      controller_state=state, history=[m.flat() for m in self.history])
         self.model_id = ref.id
 
 
 @contextmanager
 def _timed(phase_s: dict[str, float], name: str) -> Iterator[None]:
-    """Record the wall seconds of the `with` body as phase `name` (not recorded when the body raises)."""
+    """Add the wall seconds of the `with` body to phase `name` (not recorded when the body raises)."""
     t = time.perf_counter()
     yield
-    phase_s[name] = time.perf_counter() - t
-
-
-class RewardFailureError(RuntimeError):
-    """Too many reward calls of one step failed: the rewards would be mostly zeros, so training stops."""
-
-
-class NonFiniteError(RuntimeError):
-    """A NaN or infinity in a step's numbers: the step stopped before the optimizer step and any checkpoint."""
-
-
-def _check_finite(what: str, values: list[float], *, step: int) -> None:
-    bad = next((i for i, x in enumerate(values) if not math.isfinite(x)), None)
-    if bad is not None:
-        raise NonFiniteError(f"step {step}: {what} hold {values[bad]} (value {bad} of {len(values)}); stopped "
-                             "before the policy update, no checkpoint written")
-
-
-def _check_reward_failures(rewards: Rewards, *, step: int, max_rate: float) -> None:
-    failed = [f for f in rewards.failures if f is not None]
-    n = len(rewards.failures)
-    if n and len(failed) / n > max_rate:
-        raise RewardFailureError(
-            f"reward function {rewards.scorer}: {len(failed)}/{n} calls failed at step {step} "
-            f"({len(failed) / n:.0%} > rl.max_reward_failure_rate = {max_rate:g}); e.g. {failed[0]}")
-
-
-def _expect_version(stage: str, got: int, want: int) -> None:
-    if got != want:
-        raise RuntimeError(f"{stage}: produced policy version {got}, expected {want} (a stale or skipped update)")
+    phase_s[name] = phase_s.get(name, 0.0) + time.perf_counter() - t
 
 
 def _rng_to_json(state: tuple) -> list:
@@ -268,4 +173,16 @@ def _unflatten(flat: dict) -> dict:
     out = {k: v for k, v in flat.items() if "/" not in k}
     out["phase_s"] = {k[5:-2]: v for k, v in flat.items() if k.startswith("time/")}
     out["compute_s"] = {k[8:-2]: v for k, v in flat.items() if k.startswith("compute/")}
+    out["extra"] = {k: v for k, v in flat.items() if "/" in k and not k.startswith(("time/", "compute/"))}
     return out
+
+
+def make_algorithm(cfg: RLConfig, groups: Mapping[str, Any]):
+    """The loop of `rl.algorithm` over the groups its `Roles` dataclass names (an absent optional one: None)."""
+    cls = load(ALGORITHMS[cfg.algorithm.value].loop)
+    fields = dataclasses.fields(cls.Roles)
+    missing = [f.name for f in fields if f.default is dataclasses.MISSING and groups.get(f.name) is None]
+    if missing:
+        raise ValueError(f"rl.algorithm {cfg.algorithm.value!r} needs the role groups {missing}; "
+                         f"this run has {sorted(groups)}")
+    return cls(cfg, cls.Roles(**{f.name: groups.get(f.name) for f in fields}))

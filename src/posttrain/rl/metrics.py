@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from posttrain.config import TrackingConfig
 from posttrain.progress import Progress
-from posttrain.rl.types import LogProbs, Rewards, Trajectories, UpdateStats
+from posttrain.rl.loops.common import StepOutcome
 from posttrain.wandb_run import WandbRun
 
 
@@ -62,13 +62,16 @@ class StepMetrics:
     step_s: float
     orchestration_overhead: float
     """1 - sum(compute_s) / step_s."""
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The algorithm's own metrics under their own names ("critic/value_loss", "adv/mean", ...)."""
 
     def flat(self) -> dict[str, float | int]:
         """One flat dict of numbers (for wandb, console lines and manifests)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("phase_s", "compute_s", "reward_failure_example")}
+               if f.name not in ("phase_s", "compute_s", "reward_failure_example", "extra")}
         out.update({f"time/{k}_s": v for k, v in self.phase_s.items()})
         out.update({f"compute/{k}_s": v for k, v in self.compute_s.items()})
+        out.update(self.extra)
         return out
 
 
@@ -76,25 +79,33 @@ def overhead(compute_s: dict[str, float], step_s: float) -> float:
     return 1.0 - sum(compute_s.values()) / step_s if step_s > 0 else 0.0
 
 
-def step_metrics(*, step: int, traj: Trajectories, rewards: Rewards, ref: LogProbs | None, stats: UpdateStats,
-                 phase_s: dict[str, float], step_s: float) -> StepMetrics:
-    """The StepMetrics of one finished step, from its handoffs and the controller's phase timings."""
-    compute = {"rollout": traj.compute_s, "reward": rewards.compute_s, "update": stats.compute_s}
+def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict[str, float],
+                 step_s: float) -> StepMetrics:
+    """The StepMetrics of one finished step, from its outcome and the controller's phase timings. A step that
+    trained no policy (PPO's critic warm-up) reports 0 for the update's numbers."""
+    traj, rewards, ref, stats = outcome.traj, outcome.rewards, outcome.ref, outcome.stats
+    compute = {"rollout": traj.compute_s, "reward": rewards.compute_s}
     if ref is not None:
         compute["reference"] = ref.compute_s
+    compute.update(outcome.compute_s)
+    if stats is not None:
+        compute["update"] = stats.compute_s
     scores = rewards.scores
     mean = sum(scores) / len(scores)
     n_tokens = sum(len(r) for r in traj.response_ids)
+    u = (stats.kl, stats.entropy, stats.clip_fraction, stats.loss, stats.grad_norm, stats.drift) if stats \
+        else (0.0,) * 6
     return StepMetrics(
-        step=step, policy_version=stats.policy_version, reward_mean=mean,
+        step=step, policy_version=version, reward_mean=mean,
         reward_std=(sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5,
         accuracy=sum(s >= 1.0 for s in scores) / len(scores),
         reward_failures=sum(f is not None for f in rewards.failures), num_samples=len(scores),
         reward_failure_example=next((f for f in rewards.failures if f is not None), ""),
-        kl=stats.kl, entropy=stats.entropy, clip_fraction=stats.clip_fraction, loss=stats.loss,
-        grad_norm=stats.grad_norm, response_len_mean=n_tokens / len(traj.response_ids), drift=stats.drift,
+        kl=u[0], entropy=u[1], clip_fraction=u[2], loss=u[3], grad_norm=u[4], drift=u[5],
+        response_len_mean=n_tokens / len(traj.response_ids),
         generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase_s["rollout"], 1e-9),
-        phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s))
+        phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s),
+        extra=dict(outcome.extra))
 
 
 def failure_line(m: StepMetrics) -> str:

@@ -1,6 +1,6 @@
 """Where each role's workers run: Ray placement groups sized to the cluster, and the one `ray.remote` call.
 
-    plan = plan_placement(placement_cfg, with_reference=rl.kl_coef > 0, available=ray.available_resources())
+    plan = plan_placement(placement_cfg, counts=registry.role_counts(settings), available=ray.available_resources())
     pgs = create_placement_groups(plan, timeout_s=60)          # fails fast instead of hanging
     rollout = create_role_actors(RolloutWorker, plan.roles["rollout"], pgs, lambda rank: (model_dir, rank, 1))
 
@@ -25,8 +25,8 @@ ranks; the reference and reward workers share it), plus the head, which runs onl
 (num_cpus=0). Placement groups pin roles to those pods through a custom resource named after the worker
 group: the task starts each group's Ray nodes advertising 1000 units of it (`group_resource_start_params`:
 `ray_start_params={"resources": '{"rollout": 1000}'}`, resp. `"train"`), and every bundle of a role asks for
-a sliver (0.001) of its group's resource - in SPLIT mode rollout bundles then land on `rollout` pods and
-policy/reference/reward bundles on `train` pods; in COLOCATED mode the shared bundles ask for `train`. When the
+a sliver (0.001) of its group's resource (`RoleSpec.kuberay_group` in rl/roles/registry.py) - in SPLIT mode
+rollout bundles then land on `rollout` pods and the other roles' bundles on `train` pods; in COLOCATED mode the shared bundles ask for `train`. When the
 cluster advertises no such resource (local execution: a single node, worker groups ignored) the bundles carry
 no such constraint. Each bundle must fit on one node: keep per-node pods at least as large as the largest
 bundle.
@@ -44,10 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.config import PlacementConfig, PlacementMode
+from posttrain.rl.roles.registry import kuberay_group
 
-ROLES = ("rollout", "reward", "reference", "policy")
-KUBERAY_GROUP = {"rollout": "rollout", "policy": "train", "reference": "train", "reward": "train"}
-"""Role -> the Ray worker group (custom resource) its bundles ask for on a cluster."""
 GROUP_RESOURCE_SLIVER = 0.001
 GROUP_RESOURCE_PER_NODE = 1000
 """Units of its group's custom resource each worker-group node advertises (tasks/rl.py): room for 1e6 bundles."""
@@ -97,17 +95,9 @@ class PlacementPlan:
         return f"{self.mode.value} placement - groups: {pgs} - roles: {roles}"
 
 
-def role_counts(cfg: PlacementConfig, *, with_reference: bool) -> dict[str, int]:
-    counts = {"rollout": cfg.rollout_workers, "reward": cfg.reward_workers, "reference": cfg.reference_workers,
-              "policy": cfg.policy_workers}
-    if not with_reference:
-        del counts["reference"]
-    return counts
-
-
-def plan_placement(cfg: PlacementConfig, *, with_reference: bool, available: dict[str, float]) -> PlacementPlan:
-    """A pure function of the config and the free resources (unit-testable without Ray)."""
-    counts = role_counts(cfg, with_reference=with_reference)
+def plan_placement(cfg: PlacementConfig, *, counts: dict[str, int], available: dict[str, float]) -> PlacementPlan:
+    """A pure function of the config, the role -> worker count map (`registry.role_counts`) and the free
+    resources (unit-testable without Ray)."""
     n_actors = sum(counts.values())
     free_cpu, free_gpu = float(available.get("CPU", 0.0)), float(available.get("GPU", 0.0))
     cpu = math.floor(min(1.0, free_cpu / n_actors) * 1e4) / 1e4
@@ -122,7 +112,7 @@ def plan_placement(cfg: PlacementConfig, *, with_reference: bool, available: dic
         b = {"CPU": round(cpu * n, 4)}
         if gpu > 0:
             b["GPU"] = round(gpu * n, 4)
-        group = KUBERAY_GROUP["policy" if len(roles) > 1 else roles[0]]
+        group = kuberay_group("policy" if len(roles) > 1 else roles[0])
         if available.get(group, 0) >= GROUP_RESOURCE_SLIVER:
             b[group] = GROUP_RESOURCE_SLIVER
         return b

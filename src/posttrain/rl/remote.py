@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from posttrain.rl.types import WorkerId
 

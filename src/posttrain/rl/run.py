@@ -40,6 +40,7 @@ from posttrain.rl import placement as pl
 from posttrain.rl import weight_transfer
 from posttrain.rl.metrics import StepMetrics
 from posttrain.rl.remote import RemoteTimeoutError, WorkerLostError
+from posttrain.rl.roles import registry
 from posttrain.wandb_run import WandbRun
 
 WAIT_CALLS_PER_STEP = 10
@@ -86,6 +87,11 @@ class RunSpec:
     "" or rollout workers on another node than policy rank 0: Ray's object store."""
     wandb_run: WandbRun | None = None
     """The RL stage's wandb run, not started yet (None: no wandb)."""
+    model_cfg: ModelConfig | None = None
+
+    def settings(self) -> registry.RunSettings:
+        return registry.RunSettings(rl=self.rl_cfg, reward=self.reward_cfg, placement=self.placement_cfg,
+                                    model=self.model_cfg, start_model_dir=self.start_model_dir)
 
 
 class ControllerActor:
@@ -94,27 +100,16 @@ class ControllerActor:
     def __init__(self, spec: RunSpec, handles: dict[str, list]):
         from posttrain.data.examples import read_examples
         from posttrain.models.io import load_tokenizer
-        from posttrain.rl.controller import Controller, RoleGroups
+        from posttrain.rl.controller import Controller
         from posttrain.rl.metrics import RLTracker
         from posttrain.rl.remote import gather
-        from posttrain.rl.roles.policy_group import PolicyGroup
-        from posttrain.rl.roles.reference import ReferenceGroup
-        from posttrain.rl.roles.reward import RewardGroup
-        from posttrain.rl.roles.rollout import RolloutGroup
         from posttrain.rl.state import Checkpointer, PromptSampler, reward_identity
 
         cfg, t = spec.rl_cfg, spec.rl_cfg.remote_timeout_s
         ids = {role: gather([h.identity.remote() for h in hs], [f"{role}[{i}]" for i in range(len(hs))],
                             stage=f"{role}.start", timeout_s=t) for role, hs in handles.items()}
-        one_node = all(r.node == ids["policy"][0].node for r in ids["rollout"])
-        policy = PolicyGroup(handles["policy"], ids["policy"], t, cfg.micro_batch_size,
-                             shared_folder=spec.weights_folder if one_node else None)
-        policy.setup()  # the SPMD ranks join one torch.distributed group
-        groups = RoleGroups(
-            rollout=RolloutGroup(handles["rollout"], ids["rollout"], t),
-            reward=RewardGroup(handles["reward"], ids["reward"], t),
-            reference=ReferenceGroup(handles["reference"], ids["reference"], t) if "reference" in handles else None,
-            policy=policy)
+        ctx = registry.GroupContext(settings=spec.settings(), ids=ids, timeout_s=t, weights_folder=spec.weights_folder)
+        groups = {role: registry.build_group(registry.ROLES[role], hs, ids[role], ctx) for role, hs in handles.items()}
         examples = read_examples(spec.dataset_dir, "train")
         sampler = PromptSampler(examples, load_tokenizer(spec.start_model_dir), prompts_per_step=cfg.prompts_per_step,
                                 seed=cfg.seed, max_prompt_len=spec.max_seq_len - cfg.max_new_tokens)
@@ -142,30 +137,20 @@ class ControllerActor:
 
 
 def default_workers() -> dict[str, type]:
-    """Role -> worker class (a plain dict: tests swap in faulty workers, e.g. a stale rollout worker)."""
-    from posttrain.rl.roles.policy import PolicyWorker
-    from posttrain.rl.roles.reference import ReferenceWorker
-    from posttrain.rl.roles.reward import RewardWorker
-    from posttrain.rl.roles.rollout import RolloutWorker
-
-    return {"rollout": RolloutWorker, "reward": RewardWorker, "reference": ReferenceWorker, "policy": PolicyWorker}
+    """Role -> worker class, from the registry (a plain dict: tests swap in faulty workers, e.g. a stale
+    rollout worker)."""
+    return {name: registry.load(spec.worker) for name, spec in registry.ROLES.items()}
 
 
-def _role_actors(plan, pgs: dict, workers: dict[str, type], *, model_dir: str, rl_cfg: RLConfig,
-                 reward_cfg: RewardConfig, model_cfg: ModelConfig | None,
-                 placement_cfg: PlacementConfig) -> dict[str, list]:
-    """Every role's actors, in their placement-group bundles: role -> handles in rank order. torch intra-op
-    threads: placement.torch_threads in policy ranks, placement.generation_threads in rollout and reference
-    workers."""
-    n = {r: len(p.bundle_indices) for r, p in plan.roles.items()}
-    gen, train = placement_cfg.generation_threads, placement_cfg.torch_threads
-    init_args = {  # role -> constructor arguments of its rank-th worker
-        "rollout": lambda rank: (model_dir, rank, n["rollout"], 0, model_cfg, rl_cfg.rollout_backend, gen),
-        "reward": lambda rank: (reward_cfg, rank, n["reward"]),
-        "reference": lambda rank: (model_dir, rank, n["reference"], rl_cfg, model_cfg, gen),
-        "policy": lambda rank: (model_dir, rl_cfg, rank, n["policy"], model_cfg, train),
-    }
-    return {role: pl.create_role_actors(workers[role], p, pgs, init_args[role]) for role, p in plan.roles.items()}
+def _role_actors(plan, pgs: dict, workers: dict[str, type], settings: registry.RunSettings) -> dict[str, list]:
+    """Every role's actors, in their placement-group bundles: role -> handles in rank order, each built with
+    its declaration's constructor arguments (torch threads among them)."""
+    out = {}
+    for role, p in plan.roles.items():
+        n, spec = len(p.bundle_indices), registry.ROLES[role]
+        out[role] = pl.create_role_actors(workers[role], p, pgs, lambda rank, spec=spec, n=n: spec.worker_args(
+            settings, rank, n))
+    return out
 
 
 def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list[StepMetrics]]:
@@ -230,11 +215,11 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
                    max_seq_len=max_seq_len, start_model_dir=str(start_model_dir), dataset_dir=str(dataset_dir),
                    store_root=str(store_root), run_id=run_id, parents=list(parents), state_dir=str(state_dir),
                    start_model_id=start_model_id, weights_folder=str(weight_transfer.folder_for(run_id)),
-                   wandb_run=wandb_run)
+                   wandb_run=wandb_run, model_cfg=model_cfg)
     try:
         for attempt in range(rl_cfg.max_restarts + 1):
             try:
-                model_id, history = _attempt(spec, workers, model_cfg, placement_timeout_s)
+                model_id, history = _attempt(spec, workers, placement_timeout_s)
                 break
             except RESTARTABLE as e:
                 if attempt == rl_cfg.max_restarts:
@@ -252,20 +237,18 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
                     restarts=attempt)
 
 
-def _attempt(spec: RunSpec, workers: dict[str, type], model_cfg: ModelConfig | None,
-             placement_timeout_s: float) -> tuple[str, list[StepMetrics]]:
+def _attempt(spec: RunSpec, workers: dict[str, type], placement_timeout_s: float) -> tuple[str, list[StepMetrics]]:
     """One life of the run's actors: placement, role actors, controller, wait; then everything is released."""
     import ray
 
     cfg = spec.rl_cfg
     available = pl.free_resources(min_cpu=min(1.0, ray.cluster_resources().get("CPU", 1.0)))
-    plan = pl.plan_placement(spec.placement_cfg, with_reference=cfg.kl_coef > 0, available=available)
+    plan = pl.plan_placement(spec.placement_cfg, counts=registry.role_counts(spec.settings()), available=available)
     print(f"rl: {plan.describe()}", flush=True)
     pgs, actors = {}, []
     try:
         pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
-        handles = _role_actors(plan, pgs, workers, model_dir=spec.start_model_dir, rl_cfg=cfg,
-                               reward_cfg=spec.reward_cfg, model_cfg=model_cfg, placement_cfg=spec.placement_cfg)
+        handles = _role_actors(plan, pgs, workers, spec.settings())
         actors = [h for hs in handles.values() for h in hs]
         controller = pl.create_controller_actor(ControllerActor, spec, handles)
         actors.append(controller)

@@ -7,8 +7,9 @@ Every `rl.checkpoint_every` steps (and after the last) `Checkpointer.save` write
   every step's flat metrics so far (`history`, the curves of posttrain.report); metrics = that step's metrics;
   policy rank 0 writes and stores it itself (`PolicyGroup.save_model`), so no local path crosses nodes;
 - training state, kept apart in `state_dir/step-NNNNNN/` - a local folder or an fsspec URL under the store's
-  root (artifacts/state.py), so a task retried on another node resumes: the policy ranks'
-  weights/optimizer/RNG/version (`PolicyGroup.save_state`, each rank writing its own files), `controller.json`
+  root (artifacts/state.py), so a task retried on another node resumes: the state of every role that trains
+  (`RoleSpec.trains` in rl/roles/registry.py: the policy ranks' weights/optimizer/RNG/version, PPO's critic
+  ranks' likewise) in `step-NNNNNN/<role>/` (`save_state`, each rank writing its own files), `controller.json`
   (step, policy version, prompt-sampler cursor, the controller's RNG, wandb run id, metrics history, model
   artifact id) and a copy of the step log.
 Only when the step folder is complete does the `LATEST` file (one atomic write) point at it - a SIGKILL at
@@ -28,8 +29,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,7 +42,8 @@ from posttrain.config import RewardConfig
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages
 from posttrain.rl.metrics import StepMetrics
-from posttrain.rl.types import ModelPut, PolicyGroup, PromptBatch
+from posttrain.rl.roles.registry import training_roles
+from posttrain.rl.types import ModelPut, PromptBatch
 
 KEEP_CHECKPOINTS = 2
 """Step folders kept in state_dir (the newest ones); older ones are deleted after a successful save."""
@@ -187,16 +191,20 @@ class Checkpointer:
 
     # ----------------------------------------------------------------------------------- save
 
-    def save(self, *, step: int, policy_version: int, policy: PolicyGroup, controller_state: dict,
+    def save(self, *, step: int, policy_version: int, groups: Mapping[str, Any], controller_state: dict,
              history: list[dict]) -> ArtifactRef:
+        """`groups`: the run's role groups by name; the policy's model is stored, every training role's state
+        is written."""
         name = f"step-{step:06d}"
+        policy = groups["policy"]
         self.state.remove(name)  # a folder a killed run left uncommitted (LATEST never pointed at it)
         model_id = policy.save_model(ModelPut(
             store_root=str(self.store.root), name=f"{self.name}-step{step}", run_id=self.run_id, parents=self.parents,
             config=self.config, metrics=history[-1] if history else {},
             extra={**self.extra, "policy_version": policy_version, "step": step, "history": history},
             provenance={"parents": self.parents, "step": step, "policy_version": policy_version}))
-        policy.save_state(self.state.url(name, "policy"))
+        for role, group in training_roles(groups).items():
+            group.save_state(self.state.url(name, role))
         state = {"step": step, "policy_version": policy_version, "model_id": model_id, "history": history,
                  **controller_state}
         self.state.write_text(f"{name}/controller.json", json.dumps(state))
@@ -223,8 +231,9 @@ class Checkpointer:
                            rng_state=d["rng_state"], wandb_id=d.get("wandb_id"), model_id=d["model_id"],
                            history=d["history"])
 
-    def restore(self, policy: PolicyGroup) -> ResumeState | None:
-        """Load the newest committed state into the policy group; None when there is none. Either way the
+    def restore(self, groups: Mapping[str, Any]) -> ResumeState | None:
+        """Load the newest committed state into every training role's group; None when there is none. A role
+        without saved state (a checkpoint written before the role existed in this run) fails clearly. Either way the
         step log is cut back to the step the run continues from (`_cut_log`); a node that has no log of its
         own (a retry elsewhere) starts from the copy committed with the checkpoint."""
         state = self.latest()
@@ -232,7 +241,9 @@ class Checkpointer:
             self._cut_log(0)
             return None
         name = self._latest_name()
-        version = policy.load_state(self.state.url(name, "policy"))
+        versions = {role: group.load_state(self.state.url(name, role))
+                    for role, group in training_roles(groups).items()}
+        version = versions["policy"]
         if version != state.policy_version:
             raise RuntimeError(f"resume: policy state in {self.state.url(name)} holds version {version}, "
                                f"controller.json says {state.policy_version}")

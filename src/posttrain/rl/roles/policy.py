@@ -44,21 +44,15 @@ False, `stopped`).
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import math
-import socket
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from safetensors.torch import load_file, save_file
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from posttrain.artifacts import ArtifactStore
-from posttrain.artifacts.state import read_file, write_file
 from posttrain.config import DType, LossAgg, ModelConfig, RLConfig
 from posttrain.models.generate import entropy_from_logits, forward_response_logits, sampling_logprobs, sequence_logprobs
 from posttrain.models.io import (
@@ -72,7 +66,8 @@ from posttrain.models.io import (
 from posttrain.rl import weight_transfer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
-from posttrain.rl.types import ModelPut, TrainBatch, WorkerId
+from posttrain.rl.roles.spmd import SPMDWorker
+from posttrain.rl.types import ModelPut, TrainBatch
 from posttrain.rl.weight_sync import weights_checksum
 
 
@@ -83,13 +78,15 @@ def warmup_scale(version: int, warmup_steps: int) -> float:
     return 1.0 if warmup_steps <= 0 else min(1.0, (version + 1) / warmup_steps)
 
 
-class PolicyWorker:
+class PolicyWorker(SPMDWorker):
+    role = "policy"
+
     def __init__(self, model_dir: str, cfg: RLConfig, rank: int, world_size: int, model_cfg: ModelConfig | None = None,
                  threads: int = 1):
         """`model_cfg` supplies dtype and gradient_checkpointing (default: ModelConfig(), fp32, off); `threads`
         torch's intra-op threads (placement.torch_threads)."""
         set_torch_threads(threads)
-        self.cfg, self.rank, self.world = cfg, rank, world_size
+        self.cfg, self.rank, self.world, self.lr = cfg, rank, world_size, cfg.lr
         self.model_cfg = model_cfg or ModelConfig()
         self.id = worker_identity("policy", rank, world_size)
         torch.manual_seed(cfg.seed)
@@ -108,55 +105,8 @@ class PolicyWorker:
         self.opt: torch.optim.Optimizer | None = None
         """Built when the rank joins its group (`setup_process_group`): the sharded optimizer needs the group."""
 
-    def identity(self) -> WorkerId:
-        return self.id
-
     def where(self) -> dict:
         return where()
-
-    def master_address(self) -> tuple[str, int]:
-        """This node's address (as Ray knows it, so ranks on other nodes can reach it) and a free port."""
-        host = "127.0.0.1"
-        try:
-            import ray
-
-            if ray.is_initialized():
-                host = ray.util.get_node_ip_address()
-        except ImportError:
-            pass
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return host, s.getsockname()[1]
-
-    def device_key(self) -> str:
-        """"cpu", or the UUID of this rank's GPU (ranks on different nodes see different UUIDs; ranks
-        sharing a GPU the same one)."""
-        if self.device.type != "cuda":
-            return "cpu"
-        return str(torch.cuda.get_device_properties(self.device).uuid)
-
-    def setup_process_group(self, addr: str, port: int, timeout_s: float, backend: str | None = None) -> None:
-        """Join the policy group (every rank calls this at once; it blocks until all have joined). `backend`
-        is chosen by the group (`choose_backend`); None: NCCL on a GPU, gloo on CPU."""
-        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
-        if not dist.is_initialized():
-            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
-                                    world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))
-        if self.world > 1:
-            self.net = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                gradient_as_bucket_view=True)
-        else:  # nothing to all-reduce; DDP's buckets would keep a second home for the gradients between updates
-            self.net = self.model
-        kw = {"lr": self.cfg.lr, "betas": (0.9, 0.99), "weight_decay": 0.0}
-        self.opt = (ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=torch.optim.AdamW, **kw)
-                    if self.world > 1 else torch.optim.AdamW(self.model.parameters(), **kw))
-
-    def _local_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer holding this rank's moments (its shard under ZeRO): what save_state/load_state keep."""
-        if self.opt is None:
-            raise RuntimeError(f"{self.id}: setup_process_group() must run before the optimizer is used")
-        return self.opt.optim if isinstance(self.opt, ZeroRedundancyOptimizer) else self.opt
 
     def _autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
@@ -170,37 +120,47 @@ class PolicyWorker:
         self.model.train()
         return [x.tolist() for x in lp], time.perf_counter() - t0
 
-    def update(self, shard: TrainBatch, global_tokens: int, global_seqs: int, n_micro: int,
-               drift_threshold: float = math.inf) -> dict:
+    def update(self, shard: TrainBatch | list[TrainBatch], global_tokens: int | list[int],
+               global_seqs: int | list[int], n_micro: int | list[int], drift_threshold: float = math.inf) -> dict:
+        """One update: `rl.inner_epochs` passes over this rank's shard, one optimizer step per mini-batch per
+        pass. `shard` is one TrainBatch (one mini-batch) or one per mini-batch (`rl.mini_batches`), each with
+        the GLOBAL token and sequence counts of its mini-batch and its number of micro-batches (the same on
+        every rank). The gates run on the first mini-batch of the first pass - the only forward at the
+        batch's version - before its optimizer step."""
         self._local_optimizer()  # fails clearly before any work if the rank never joined its group
-        if shard.policy_version != self.version:
-            raise RuntimeError(f"{self.id}: train batch is from policy version {shard.policy_version}, "
+        shards, g_tok, g_seq, n_mic = (([shard], [global_tokens], [global_seqs], [n_micro])
+                                       if isinstance(shard, TrainBatch) else (shard, global_tokens, global_seqs, n_micro))
+        if any(sh.policy_version != self.version for sh in shards):
+            raise RuntimeError(f"{self.id}: train batch is from policy version {shards[0].policy_version}, "
                                f"this rank holds version {self.version}")
         t0 = time.perf_counter()
-        cfg, n = self.cfg, len(shard.response_ids)
-        norm = float(global_tokens if cfg.loss_agg == LossAgg.TOKEN_MEAN else global_seqs)
-        bounds = [round(i * n / n_micro) for i in range(n_micro + 1)]
+        cfg = self.cfg
         sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ent": 0.0, "tok": 0}
-        grad_norm, drift_sum, drift_tok = 0.0, 0.0, 0.0
+        grad_norm, drift = 0.0, math.nan
         for epoch in range(cfg.inner_epochs):
-            for m in range(n_micro):
-                out = self._backward(shard, bounds[m], bounds[m + 1], norm, sync=m == n_micro - 1)
-                if epoch == 0:
-                    d, k = self._record(sums, *out)
-                    drift_sum, drift_tok = drift_sum + d, drift_tok + k
-            if epoch == 0:
-                drift, why = self._first_epoch_gates(sums, drift_sum, drift_tok, drift_threshold)
-                if why:
-                    return self._stopped(sums, t0, drift, why)
-            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-            if not math.isfinite(grad_norm):
-                return self._stopped(sums, t0, drift, f"gradient norm is {grad_norm} in inner epoch {epoch} "
-                                                      f"(loss {sums['loss']:.4g} on rank {self.rank})",
-                                     grad_norm=grad_norm)
-            self._set_lr()
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
+            for j, sh in enumerate(shards):
+                norm = float(g_tok[j] if cfg.loss_agg == LossAgg.TOKEN_MEAN else g_seq[j])
+                n = len(sh.response_ids)
+                bounds = [round(i * n / n_mic[j]) for i in range(n_mic[j] + 1)]
+                drift_sum, drift_tok = 0.0, 0.0
+                for m in range(n_mic[j]):
+                    out = self._backward(sh, bounds[m], bounds[m + 1], norm, sync=m == n_mic[j] - 1)
+                    if epoch == 0:
+                        d, k = self._record(sums, *out, scale=1.0 / len(shards))
+                        drift_sum, drift_tok = drift_sum + d, drift_tok + k
+                if epoch == 0 and j == 0:
+                    drift, why = self._first_epoch_gates(sums, drift_sum, drift_tok, drift_threshold)
+                    if why:
+                        return self._stopped(sums, t0, drift, why)
+                max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+                if not math.isfinite(grad_norm):
+                    return self._stopped(sums, t0, drift, f"gradient norm is {grad_norm} in inner epoch {epoch}, "
+                                                          f"mini-batch {j} (loss {sums['loss']:.4g} on rank "
+                                                          f"{self.rank})", grad_norm=grad_norm)
+                self._set_lr()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
         self.version += 1
         return_free_memory()
         return {**sums, "grad_norm": grad_norm, "version": self.version, "drift": drift, "applied": True,
@@ -217,21 +177,24 @@ class PolicyWorker:
             logp = sampling_logprobs(logits, targets, cfg.temperature, cfg.top_p, cfg.top_k)  # (b, R) fp32
             old = _pad(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
             ref = _pad(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
-            adv = torch.tensor(shard.advantages[lo:hi], dtype=torch.float32, device=self.device)
+            rows = shard.advantages[lo:hi]
+            adv = (_pad(rows, logp.shape) if rows and isinstance(rows[0], list)  # (b, R) per token (PPO)
+                   else torch.tensor(rows, dtype=torch.float32)).to(self.device)  # (b,) per sequence (GRPO)
             loss, st = grpo.policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                         loss_agg=cfg.loss_agg, ref_logp=ref, kl_coef=cfg.kl_coef,
-                                        kl_estimator=cfg.kl_estimator, normalizer=norm)
+                                        kl_estimator=cfg.kl_estimator, normalizer=norm,
+                                        clip_ratio_c=cfg.clip_ratio_c or None)
             (loss * self.world).backward()
         return logits, logp, old, mask, loss, st
 
-    def _record(self, sums: dict, logits, logp, old, mask, loss, st) -> tuple[float, float]:
+    def _record(self, sums: dict, logits, logp, old, mask, loss, st, *, scale: float = 1.0) -> tuple[float, float]:
         """Add a first-epoch micro-batch's loss statistics and entropy to `sums`; return its drift sum
         (|policy - rollout| log-prob over its tokens) and token count."""
         with torch.no_grad():
             drift = float(((logp.detach() - old).abs() * mask).sum())
             ent = entropy_from_logits(logits.detach(), self.cfg.temperature)
         k = st.tokens
-        sums["loss"] += float(loss.detach())
+        sums["loss"] += float(loss.detach()) * scale  # mini-batches: the mean of their losses
         sums["pg"] += st.pg_loss * k
         sums["kl"] += st.kl * k
         sums["clip"] += st.clip_fraction * k
@@ -250,14 +213,6 @@ class PolicyWorker:
         if not math.isfinite(group_loss):  # (later epochs: their gradient norm is the gate)
             return drift, f"loss is {group_loss} (policy group; rank {self.rank}'s {sums['loss']:.4g})"
         return drift, ""
-
-    def _group_mean(self, total: float, count: float) -> float:
-        """sum(total) / sum(count) over the policy group's ranks."""
-        if dist.is_initialized() and self.world > 1:
-            t = torch.tensor([total, count], dtype=torch.float64, device=self.device)
-            dist.all_reduce(t)
-            total, count = float(t[0]), float(t[1])
-        return total / max(count, 1.0)
 
     def _stopped(self, sums: dict, t0: float, drift: float, why: str, grad_norm: float = 0.0) -> dict:
         """The update's answer when a gate stopped it before the optimizer step: nothing changed."""
@@ -295,28 +250,6 @@ class PolicyWorker:
             ref = ArtifactStore(put.store_root).put("model", put.name, tmp, run_id=put.run_id, parents=put.parents,
                                                     config=put.config, metrics=put.metrics, extra=put.extra)
         return ref.id
-
-    def save_state(self, state_dir: str) -> None:
-        """Into a local folder or an fsspec URL, one atomic file at a time (artifacts/state.py)."""
-        if self.rank == 0:
-            weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
-            write_file(f"{state_dir}/policy.safetensors", lambda p: save_file(weights, p))
-            del weights
-        write_file(f"{state_dir}/optim-rank{self.rank}.pt", lambda p: torch.save(
-            {"optim": self._local_optimizer().state_dict(), "rng": torch.get_rng_state()}, p))
-        write_file(f"{state_dir}/version-rank{self.rank}.json",
-                   lambda p: Path(p).write_text(json.dumps({"version": self.version})))
-
-    def load_state(self, state_dir: str) -> int:
-        self.model.load_state_dict(read_file(f"{state_dir}/policy.safetensors", load_file))
-        s = read_file(f"{state_dir}/optim-rank{self.rank}.pt",
-                      lambda p: torch.load(p, weights_only=True, map_location="cpu"))
-        self._local_optimizer().load_state_dict(s["optim"])
-        torch.set_rng_state(s["rng"])
-        self.version = read_file(f"{state_dir}/version-rank{self.rank}.json",
-                                 lambda p: json.loads(Path(p).read_text()))["version"]
-        return self.version
-
 
 def _pad(rows: list[list[float]], shape) -> torch.Tensor:
     out = torch.zeros(shape, dtype=torch.float32)

@@ -8,46 +8,44 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather
+from posttrain.rl.roles.spmd import SPMDGroup, choose_backend  # noqa: F401 - choose_backend re-exported
 from posttrain.rl.types import ModelPut, TrainBatch, UpdateStats, WeightsHandle, WorkerId
 
 
-class PolicyGroup:
+class PolicyGroup(SPMDGroup):
+    role = "policy"
+
     def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, micro_batch_size: int,
-                 shared_folder: str | None = None):
+                 shared_folder: str | None = None, mini_batches: int = 1, seed: int = 0):
         """`shared_folder`: hand weights over through a file there (every rollout worker must be on rank 0's
-        node: see `weight_transfer`); None: through Ray's object store."""
-        self.workers, self.ids, self.timeout_s, self.mb = workers, ids, timeout_s, micro_batch_size
+        node: see `weight_transfer`); None: through Ray's object store. `mini_batches`: optimizer steps per pass
+        over a batch (rl.mini_batches); rows go to mini-batches by a permutation seeded with `seed` and the
+        version, so a resumed run splits the same way."""
+        super().__init__(workers, ids, timeout_s)
+        self.mb, self.mini_batches, self.seed = micro_batch_size, mini_batches, seed
         self.shared_folder = shared_folder
         self.version = 0
         self._checksum: str | None = None
         """Checksum of the weights at `version`, as rank 0 reported it after the last update (None: not known
         yet - before the first update or after load_state)."""
 
-    def identities(self) -> list[WorkerId]:
-        return list(self.ids)
-
-    def setup(self) -> None:
-        keys = gather([w.device_key.remote() for w in self.workers], self.ids, stage="policy.setup",
-                      timeout_s=self.timeout_s)
-        backend = choose_backend(keys)
-        addr, port = gather([self.workers[0].master_address.remote()], self.ids[:1], stage="policy.setup",
-                            timeout_s=self.timeout_s)[0]
-        refs = [w.setup_process_group.remote(addr, port, self.timeout_s, backend) for w in self.workers]
-        gather(refs, self.ids, stage="policy.setup", timeout_s=self.timeout_s)
-
     def update(self, batch: TrainBatch, *, drift_threshold: float = math.inf) -> UpdateStats:
         """One SPMD update; stopped before its optimizer step (`applied` False, nothing changed) when the
         drift between the batch's rollout log-probs and the policy's own is above `drift_threshold` (or NaN),
         or the gradient norm is not finite."""
-        lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
-        sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers), equal_size=True)
-        n_micro = max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb))
-        n_micro = min(n_micro, min(len(i) for i in sh.indices))
-        global_tokens = sum(len(r) for r in batch.response_ids)
-        refs = [w.update.remote(_take(batch, idx), global_tokens, len(batch.response_ids), n_micro, drift_threshold)
-                for w, idx in zip(self.workers, sh.indices)]
+        if self.mini_batches == 1:
+            shards, counts = self._shard(batch, list(range(len(batch.response_ids))))
+            refs = [w.update.remote(sh, *counts, drift_threshold) for w, sh in zip(self.workers, shards)]
+        else:
+            per_mb = [self._shard(batch, rows) for rows in mini_batch_rows(len(batch.response_ids),
+                                                                           self.mini_batches,
+                                                                           seed=self.seed + batch.policy_version)]
+            refs = [w.update.remote([mb[0][k] for mb in per_mb], *[[mb[1][c] for mb in per_mb] for c in range(3)],
+                                    drift_threshold) for k, w in enumerate(self.workers)]
         res = gather(refs, self.ids, stage="policy.update", timeout_s=self.timeout_s)
         if len({r["checksum"] for r in res}) != 1:
             raise RuntimeError("stage policy.update: policy ranks hold different weights after the update: " +
@@ -79,23 +77,29 @@ class PolicyGroup:
                      timeout_s=self.timeout_s)
         return ids[0]
 
-    def save_state(self, state_dir: str) -> None:
-        gather([w.save_state.remote(state_dir) for w in self.workers], self.ids, stage="policy.save_state",
-               timeout_s=self.timeout_s)
-
     def load_state(self, state_dir: str) -> int:
-        versions = gather([w.load_state.remote(state_dir) for w in self.workers], self.ids, stage="policy.load_state",
-                          timeout_s=self.timeout_s)
-        self.version, self._checksum = versions[0], None
+        self.version, self._checksum = super().load_state(state_dir), None
         return self.version
 
+    def _shard(self, batch: TrainBatch, rows: list[int]) -> tuple[list[TrainBatch], tuple[int, int, int]]:
+        """Rows `rows` of the batch as one token-balanced shard per rank (equal row counts), with the GLOBAL
+        token and sequence counts and the micro-batches per rank (the same on every rank, or DDP would hang)."""
+        lengths = [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows]
+        sh = dispatch.shard(rows, lengths, len(self.workers), equal_size=True)
+        n_micro = max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb))
+        n_micro = min(n_micro, min(len(i) for i in sh.indices))
+        global_tokens = sum(len(batch.response_ids[i]) for i in rows)
+        return [_take(batch, s) for s in sh.shards], (global_tokens, len(rows), n_micro)
 
-def choose_backend(device_keys: list[str]) -> str:
-    """NCCL only when every rank is on a GPU of its own (distinct GPU UUIDs); gloo otherwise - NCCL refuses
-    two ranks on one GPU, and CPU ranks need gloo."""
-    if all(k != "cpu" for k in device_keys) and len(set(device_keys)) == len(device_keys):
-        return "nccl"
-    return "gloo"
+
+def mini_batch_rows(n: int, k: int, *, seed: int) -> list[list[int]]:
+    """Rows 0..n-1 in k mini-batches of near-equal size, by a seeded permutation (verl shuffles its PPO
+    mini-batches too); each list ascending."""
+    if k > n:
+        raise ValueError(f"rl.mini_batches = {k} is more than the batch's {n} sequences")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [sorted(perm[bounds[i]:bounds[i + 1]]) for i in range(k)]
 
 
 def _take(b: TrainBatch, idx: list[int]) -> TrainBatch:

@@ -1,0 +1,28 @@
+"""RL algorithms as loops over named role groups: one file per algorithm, its step read top to bottom.
+
+ALGORITHMS maps `rl.algorithm` to its loop ("module:Class") and the phases its step runs, in order (the RL
+page stacks the phase times in this order). A loop class has `Roles`, a frozen dataclass naming the role
+groups it reads (the controller fills it from the run's groups by field name; an optional role is a field
+with a default), and `step(prompts, run) -> StepOutcome` (loops/common.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmSpec:
+    loop: str
+    """"module:Class" of the loop."""
+    phases: tuple[str, ...]
+    """The phases of one step in the order they run (`run.phase(name)`; "sync" is the controller's)."""
+
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {
+    "grpo": AlgorithmSpec(loop="posttrain.rl.loops.grpo:GRPO",
+                          phases=("rollout", "reward", "reference", "advantages", "update", "sync")),
+    "ppo": AlgorithmSpec(loop="posttrain.rl.loops.ppo:PPO",
+                         phases=("rollout", "reward", "reference", "values", "advantages", "critic", "update",
+                                 "sync")),
+}

@@ -1,0 +1,122 @@
+"""PPO, one step top to bottom over the role groups it reads (`PPORoles`): a learned value baseline (the critic)
+instead of GRPO's group statistics, so advantages are per token.
+
+    PromptBatch(v) ─► rollout.generate ─► Trajectories(v) ─┬─► reward.score ─► Rewards (one outcome per sample)
+                                                           ├─► reference.log_probs      (kl_coef > 0)
+                                                           └─► critic.values ─► Values (B, R_i)
+    token rewards: outcome on the last token (- kl_coef * (rollout - reference log-prob) per token when
+                   rl.kl_in_reward) ─► GAE(gamma, lam) ─► advantages (whitened over the batch), returns
+    CriticBatch(values, returns) ─► critic.update (SPMD; clipped value loss)
+    TrainBatch(v) with per-token advantages ─► policy.update (SPMD; clipped ratio, dual-clip with
+                   rl.clip_ratio_c) ─► v+1          - skipped while step <= rl.critic_warmup_steps
+
+The critic learns before the policy in each step, as in verl (the policy's advantages were computed with the
+values of before the critic's update either way). The tensor math is posttrain.rl.algorithms.ppo, equal to
+verl 0.9.1's on fixed inputs (tests/unit/test_ppo_math_verl.py).
+
+Leaves out: a critic sharing the policy's body (separate models, as verl's and OpenRLHF's defaults), and value
+bootstrapping of truncated samples (a sample cut at max_new_tokens ends with its outcome score, as in verl).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.config import RLConfig
+from posttrain.rl.algorithms import ppo
+from posttrain.rl.loops.common import (
+    NonFiniteError,
+    StepOutcome,
+    StepRun,
+    check_finite,
+    generate,
+    reference_logprobs,
+    score,
+    update_policy,
+)
+from posttrain.rl.roles.critic import CriticBatch
+from posttrain.rl.types import PolicyGroup, PromptBatch, ReferenceGroup, RewardGroup, RolloutGroup, TrainBatch
+
+
+@dataclass(frozen=True, kw_only=True)
+class PPORoles:
+    rollout: RolloutGroup
+    reward: RewardGroup
+    policy: PolicyGroup
+    critic: object
+    """posttrain.rl.roles.critic_group.CriticGroup (values, update, save_state, load_state)."""
+    reference: ReferenceGroup | None = None
+    """Present exactly when rl.kl_coef > 0."""
+
+
+class PPO:
+    Roles = PPORoles
+
+    def __init__(self, cfg: RLConfig, roles: PPORoles):
+        self.cfg, self.roles = cfg, roles
+
+    def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
+        cfg, r = self.cfg, self.roles
+        traj = generate(r.rollout, prompts, cfg, run)
+        rewards = score(r.reward, traj, cfg, run)
+        ref = reference_logprobs(r.reference, traj, cfg, run)
+        with run.phase("values"):
+            values = r.critic.values(traj)
+        check_finite("critic values", [x for row in values.values for x in row], step=run.step)
+
+        with run.phase("advantages"):
+            mask = _mask(traj.response_ids)  # (B, R)
+            kl = _pad(traj.logprobs, mask) - _pad(ref.values, mask) if cfg.kl_in_reward else None  # k1 (B, R)
+            rewards_t = ppo.token_rewards(torch.tensor(rewards.scores, dtype=torch.float32), mask, kl=kl,
+                                          kl_coef=cfg.kl_coef)
+            v = _pad(values.values, mask)
+            adv, returns = ppo.gae_advantages(rewards_t, v, mask, gamma=cfg.gamma, lam=cfg.lam)  # (B, R) each
+        check_finite("advantages", adv[mask].tolist(), step=run.step)
+        check_finite("returns", returns[mask].tolist(), step=run.step)
+
+        with run.phase("critic"):
+            cstats = r.critic.update(CriticBatch(policy_version=run.version, prompt_ids=traj.prompt_ids,
+                                                 response_ids=traj.response_ids, old_values=values.values,
+                                                 returns=_rows(returns, traj.response_ids)))
+        if not cstats.applied:
+            raise NonFiniteError(f"step {run.step}: stage critic.update stopped before the optimizer step: "
+                                 f"{cstats.stopped}; no checkpoint written")
+
+        stats = None
+        if run.step > cfg.critic_warmup_steps:
+            batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids,
+                               response_ids=traj.response_ids, old_logprobs=traj.logprobs,
+                               ref_logprobs=ref.values if ref is not None and not cfg.kl_in_reward else None,
+                               advantages=_rows(adv, traj.response_ids))
+            stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
+
+        a = adv[mask]
+        extra = {"critic/value_loss": cstats.value_loss, "critic/clip_fraction": cstats.clip_fraction,
+                 "critic/grad_norm": cstats.grad_norm,
+                 "critic/vf_explained_var": ppo.explained_variance(v, returns, mask),
+                 "critic/values_mean": float(v[mask].mean()), "critic/returns_mean": float(returns[mask].mean()),
+                 "adv/mean": float(a.mean()), "adv/std": float(a.std()) if a.numel() > 1 else 0.0,
+                 "adv/min": float(a.min()), "adv/max": float(a.max())}
+        if kl is not None:
+            extra["critic/kl_in_reward"] = float(kl[mask].mean())
+        return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=extra,
+                           compute_s={"critic": values.compute_s + cstats.compute_s})
+
+
+def _mask(response_ids: list[list[int]]) -> torch.Tensor:
+    R = max(max(len(x) for x in response_ids), 1)
+    lengths = torch.tensor([len(x) for x in response_ids])
+    return torch.arange(R)[None, :] < lengths[:, None]  # (B, R) bool
+
+
+def _pad(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+def _rows(x: torch.Tensor, response_ids: list[list[int]]) -> list[list[float]]:
+    return [x[i, :len(r)].tolist() for i, r in enumerate(response_ids)]

@@ -1,0 +1,62 @@
+"""Critic role, the controller side: `CriticGroup` drives the SPMD critic workers (`critic.CriticWorker`) - forms
+their process group, splits `values` calls by tokens across the ranks and merges them back in order, shards
+each CriticBatch like the policy's (mini-batches by the same seeded permutation, then token-balanced, equal
+row counts per rank), reduces the ranks' stats (checking that all ranks hold identical weights afterwards) and
+fans checkpoint calls out (spmd.SPMDGroup). Every remote wait is bounded and names the stage and worker.
+"""
+
+from __future__ import annotations
+
+import math
+
+from posttrain.rl import dispatch
+from posttrain.rl.remote import gather
+from posttrain.rl.roles.critic import CriticBatch, CriticStats, Values
+from posttrain.rl.roles.policy_group import mini_batch_rows
+from posttrain.rl.roles.spmd import SPMDGroup
+from posttrain.rl.types import Trajectories, WorkerId
+
+
+class CriticGroup(SPMDGroup):
+    role = "critic"
+
+    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, micro_batch_size: int,
+                 mini_batches: int = 1, seed: int = 0):
+        super().__init__(workers, ids, timeout_s)
+        self.mb, self.mini_batches, self.seed = micro_batch_size, mini_batches, seed
+
+    def values(self, trajectories: Trajectories) -> Values:
+        t = trajectories
+        lengths = [len(p) + len(r) for p, r in zip(t.prompt_ids, t.response_ids)]
+        sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
+        refs = [w.values.remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx])
+                for w, idx in zip(self.workers, sh.indices)]
+        res = gather(refs, self.ids, stage="critic.values", timeout_s=self.timeout_s)
+        return Values(policy_version=t.policy_version, values=dispatch.merge(sh, [r[0] for r in res]),
+                      compute_s=max(r[1] for r in res))
+
+    def update(self, batch: CriticBatch) -> CriticStats:
+        rows = (mini_batch_rows(len(batch.response_ids), self.mini_batches, seed=self.seed + batch.policy_version)
+                if self.mini_batches > 1 else [list(range(len(batch.response_ids)))])
+        per_mb = [self._shard(batch, r) for r in rows]
+        refs = [w.update.remote([mb[0][k] for mb in per_mb], [mb[1] for mb in per_mb], [mb[2] for mb in per_mb])
+                for k, w in enumerate(self.workers)]
+        res = gather(refs, self.ids, stage="critic.update", timeout_s=self.timeout_s)
+        if len({r["checksum"] for r in res}) != 1:
+            raise RuntimeError("stage critic.update: critic ranks hold different weights after the update: " +
+                               ", ".join(f"{w}={r['checksum'][:12]}" for w, r in zip(self.ids, res)))
+        tok = max(1, sum(r["tok"] for r in res))
+        return CriticStats(value_loss=sum(r["loss"] for r in res) / tok, clip_fraction=sum(r["clip"] for r in res) / tok,
+                           values_mean=sum(r["vmean"] for r in res) / tok, grad_norm=res[0]["grad_norm"],
+                           version=res[0]["version"], weights_checksum=res[0]["checksum"],
+                           compute_s=max(r["compute_s"] for r in res), applied=res[0]["applied"],
+                           stopped=res[0]["stopped"])
+
+    def _shard(self, b: CriticBatch, rows: list[int]) -> tuple[list[CriticBatch], int, int]:
+        lengths = [len(b.prompt_ids[i]) + len(b.response_ids[i]) for i in rows]
+        sh = dispatch.shard(rows, lengths, len(self.workers), equal_size=True)
+        n_micro = min(max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb)), min(len(i) for i in sh.indices))
+        take = [CriticBatch(policy_version=b.policy_version, prompt_ids=[b.prompt_ids[i] for i in s],
+                            response_ids=[b.response_ids[i] for i in s], old_values=[b.old_values[i] for i in s],
+                            returns=[b.returns[i] for i in s]) for s in sh.shards]
+        return take, sum(len(b.response_ids[i]) for i in rows), n_micro

@@ -1,0 +1,198 @@
+"""Every RL role, declared once: what runs it, how calls fan out, what it takes and returns, whether it trains,
+where it is placed. Everything that used to name roles reads this table instead:
+
+    reader                                   reads
+    placement.plan_placement                 role_counts(settings) (worker counts), kuberay_group
+    rl.run (actor start-up, restarts)        worker (import path), worker_args, group, enabled
+    Checkpointer (save, resume)              trains: every training role's state is saved and restored
+    Controller (the algorithm's handles)     the built groups by name; an algorithm picks the ones it reads
+    metrics / Decks                          the phase and compute names are the role names
+
+A role is one row of ROLES (a plain dict you can grep). Adding one means: its worker and group (own files),
+its row here, and its settings (config/sections.py); the algorithm that reads it names it in its own roles
+dataclass (rl/loops/). Fan-out is named per method in `fan_out` so a reader of the table sees whether a
+call goes to one worker, to all of them (SPMD), or is split across them, as the group's code does it.
+
+Worker counts and whether a role runs are functions of the run's settings, so `posttrain plan` can show them
+before anything starts. Constructor arguments are built here, not in `rl.run`, so the start-up code has no
+role names in it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig
+
+
+class FanOut(str, Enum):
+    ONE = "one"
+    """One worker answers (rank 0 of an SPMD group: weights, the checkpoint's model files)."""
+    ALL = "all"
+    """Every worker runs the same call on the same input (SPMD set-up, checkpoint state)."""
+    SPLIT_TOKENS = "split_tokens"
+    """The batch is split into token-balanced shards, one per worker, and merged back in order."""
+    SPLIT_EVEN = "split_even"
+    """Contiguous shards of near-equal count (keeps the samples of one prompt together)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """What a role's declaration reads: the run's settings and its start model."""
+
+    rl: RLConfig
+    reward: RewardConfig
+    placement: PlacementConfig
+    model: ModelConfig | None
+    start_model_dir: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupContext:
+    """What building a group needs beyond its own workers: the other roles' identities (e.g. whether every
+    rollout worker shares policy rank 0's node) and the run's transport folder."""
+
+    settings: RunSettings
+    ids: dict[str, list]
+    """Role -> the WorkerIds of its workers, in rank order."""
+    timeout_s: float
+    weights_folder: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleSpec:
+    name: str
+    worker: str
+    """"module:Class" of the worker: one Ray actor per rank (imported only where the actors start)."""
+    group: str
+    """"module:Class" of the controller-side group that fans calls out over the workers and merges."""
+    fan_out: dict[str, FanOut]
+    """The group's methods and how each goes to the workers."""
+    takes: tuple[str, ...]
+    """Handoff types (rl.types) its group's methods take."""
+    returns: tuple[str, ...]
+    """Handoff types they return."""
+    trains: bool
+    """True: it has an optimizer, so its state is checkpointed with the policy's and restored on resume (and
+    its group is an SPMD torch.distributed group, set up once its workers start)."""
+    kuberay_group: str
+    """The RayJob worker group (custom resource) its bundles ask for on a cluster (tasks/rl.py)."""
+    workers: Callable[[RunSettings], int]
+    enabled: Callable[[RunSettings], bool]
+    worker_args: Callable[[RunSettings, int, int], tuple]
+    """(settings, rank, world size) -> the worker's constructor arguments."""
+    group_args: Callable[[GroupContext], dict] = lambda ctx: {}
+    """Keyword arguments of the group's constructor beyond (workers, ids, timeout_s)."""
+
+
+def _gen_threads(s: RunSettings) -> int:
+    return s.placement.generation_threads
+
+
+def _policy_shared_folder(ctx: GroupContext) -> dict:
+    """Weights go through a shared-memory file only when every rollout worker is on policy rank 0's node."""
+    node = ctx.ids["policy"][0].node
+    one_node = all(r.node == node for r in ctx.ids["rollout"])
+    rl = ctx.settings.rl
+    return {"micro_batch_size": rl.micro_batch_size, "shared_folder": ctx.weights_folder if one_node else None,
+            "mini_batches": rl.mini_batches, "seed": rl.seed}
+
+
+ROLES: dict[str, RoleSpec] = {
+    "rollout": RoleSpec(
+        name="rollout", worker="posttrain.rl.roles.rollout:RolloutWorker",
+        group="posttrain.rl.roles.rollout:RolloutGroup",
+        fan_out={"generate": FanOut.SPLIT_EVEN, "load_weights": FanOut.ALL},
+        takes=("PromptBatch", "WeightsHandle"), returns=("Trajectories", "WeightReport"), trains=False,
+        kuberay_group="rollout", workers=lambda s: s.placement.rollout_workers, enabled=lambda s: True,
+        worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, 0, s.model, s.rl.rollout_backend,
+                                        _gen_threads(s))),
+    "reward": RoleSpec(
+        name="reward", worker="posttrain.rl.roles.reward:RewardWorker",
+        group="posttrain.rl.roles.reward:RewardGroup",
+        fan_out={"check_arguments": FanOut.ONE, "score": FanOut.SPLIT_EVEN},
+        takes=("Trajectories",), returns=("Rewards",), trains=False, kuberay_group="train",
+        workers=lambda s: s.placement.reward_workers, enabled=lambda s: True,
+        worker_args=lambda s, rank, n: (s.reward, rank, n)),
+    "reference": RoleSpec(
+        name="reference", worker="posttrain.rl.roles.reference:ReferenceWorker",
+        group="posttrain.rl.roles.reference:ReferenceGroup",
+        fan_out={"log_probs": FanOut.SPLIT_TOKENS},
+        takes=("Trajectories",), returns=("LogProbs",), trains=False, kuberay_group="train",
+        workers=lambda s: s.placement.reference_workers, enabled=lambda s: s.rl.kl_coef > 0,
+        worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s))),
+    "policy": RoleSpec(
+        name="policy", worker="posttrain.rl.roles.policy:PolicyWorker",
+        group="posttrain.rl.roles.policy_group:PolicyGroup",
+        fan_out={"setup": FanOut.ALL, "update": FanOut.SPLIT_TOKENS, "weights": FanOut.ONE,
+                 "save_model": FanOut.ONE, "save_state": FanOut.ALL, "load_state": FanOut.ALL},
+        takes=("TrainBatch",), returns=("UpdateStats", "WeightsHandle"), trains=True, kuberay_group="train",
+        workers=lambda s: s.placement.policy_workers, enabled=lambda s: True,
+        worker_args=lambda s, rank, n: (s.start_model_dir, s.rl, rank, n, s.model, s.placement.torch_threads),
+        group_args=_policy_shared_folder),
+    "critic": RoleSpec(
+        name="critic", worker="posttrain.rl.roles.critic:CriticWorker",
+        group="posttrain.rl.roles.critic_group:CriticGroup",
+        fan_out={"setup": FanOut.ALL, "values": FanOut.SPLIT_TOKENS, "update": FanOut.SPLIT_TOKENS,
+                 "save_state": FanOut.ALL, "load_state": FanOut.ALL},
+        takes=("Trajectories", "CriticBatch"), returns=("Values", "CriticStats"), trains=True,
+        kuberay_group="train", workers=lambda s: s.placement.critic_workers or s.placement.policy_workers,
+        enabled=lambda s: s.rl.algorithm.value == "ppo",
+        worker_args=lambda s, rank, n: (s.rl.critic_init or s.start_model_dir, s.rl, rank, n, s.model,
+                                        s.placement.torch_threads),
+        group_args=lambda ctx: {"micro_batch_size": ctx.settings.rl.micro_batch_size,
+                                "mini_batches": ctx.settings.rl.mini_batches, "seed": ctx.settings.rl.seed}),
+}
+"""Role name -> declaration, in the order roles start and phases run."""
+
+
+def active_roles(s: RunSettings) -> dict[str, RoleSpec]:
+    """The roles this run creates (in ROLES order)."""
+    return {name: spec for name, spec in ROLES.items() if spec.enabled(s)}
+
+
+def role_counts(s: RunSettings) -> dict[str, int]:
+    """Role -> number of workers, for the roles this run creates."""
+    return {name: spec.workers(s) for name, spec in active_roles(s).items()}
+
+
+def kuberay_group(role: str) -> str:
+    return ROLES[role].kuberay_group
+
+
+def load(path: str) -> Any:
+    """The class named by "module:Class"."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_group(spec: RoleSpec, workers: list, ids: list, ctx: GroupContext) -> Any:
+    """The role's group around its started workers; an SPMD (training) group also forms its process group."""
+    group = load(spec.group)(workers, ids, ctx.timeout_s, **spec.group_args(ctx))
+    if spec.trains:
+        group.setup()  # the SPMD ranks join one torch.distributed group
+    return group
+
+
+def training_roles(groups: dict[str, Any]) -> dict[str, Any]:
+    """The groups of the roles that train (checkpointed and restored), in ROLES order, the policy first."""
+    return {name: g for name, g in groups.items() if ROLES.get(name) is not None and ROLES[name].trains}
+
+
+__all__ = [
+    "ROLES",
+    "FanOut",
+    "GroupContext",
+    "RoleSpec",
+    "RunSettings",
+    "active_roles",
+    "build_group",
+    "kuberay_group",
+    "load",
+    "role_counts",
+    "training_roles",
+]
