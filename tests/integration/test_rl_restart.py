@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.config import PlacementConfig, RewardConfig, RLConfig, TrackingConfig
+from posttrain.config import Algorithm, PlacementConfig, RewardConfig, RLConfig, TrackingConfig
+from posttrain.rl.roles.critic import CriticWorker
 from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.reference import ReferenceWorker
 from posttrain.rl.roles.reward import RewardWorker
@@ -27,7 +28,8 @@ CFG = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens
 PLACEMENT = PlacementConfig(policy_workers=2, rollout_workers=1, reward_workers=1, reference_workers=1)
 TRACKING = TrackingConfig(wandb=False)
 METHOD = {"rollout": (RolloutWorker, "generate"), "reward": (RewardWorker, "score"),
-          "reference": (ReferenceWorker, "log_probs"), "policy": (PolicyWorker, "update")}
+          "reference": (ReferenceWorker, "log_probs"), "policy": (PolicyWorker, "update"),
+          "critic": (CriticWorker, "fit")}
 """Role -> (worker class, the method called once per step)."""
 
 
@@ -44,6 +46,10 @@ def dies_once(role: str, marker: Path, at_call: int) -> type:
         return getattr(base, method)(self, *args, **kwargs)
 
     return type(f"DiesOnce{role.title()}", (base,), {"marker": str(marker), method: call})
+
+
+PPO_CFG = replace(CFG, algorithm=Algorithm.PPO, critic_warmup_steps=1)
+"""PPO: the critic trains alone in step 1, then both; its one-pass `fit` is its once-per-step call."""
 
 
 def _run(tmp_path: Path, tiny, cfg: RLConfig, workers=None, tag: str = "run"):
@@ -78,6 +84,22 @@ def test_a_killed_role_actor_is_replaced_and_the_run_ends_as_if_uninterrupted(
     assert res.model.id == uninterrupted.model.id  # step 3 re-done from the step-2 checkpoint: same updates
     out = capfd.readouterr().out
     assert "WorkerLostError" in out and f"{role}[" in out and "restart 1/2" in out
+    _assert_released(ray_local)
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_critic_is_replaced_and_ppo_ends_as_if_uninterrupted(ray_local, tiny_sft_model, tmp_path,
+                                                                      tmp_path_factory, capfd):
+    ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    whole = _run(tmp_path_factory.mktemp("ppo-uninterrupted"), tiny_sft_model, PPO_CFG)
+    assert [m.policy_version for m in whole.history] == [0, 1, 2, 3]  # step 1: the critic's warm-up
+    marker = tmp_path / "killed"
+    res = _run(tmp_path, tiny_sft_model, PPO_CFG, workers={"critic": dies_once("critic", marker, at_call=3)})
+    assert marker.exists(), "the critic was never killed: the test proves nothing"
+    assert res.restarts == 1 and [m.step for m in res.history] == [1, 2, 3, 4]
+    assert res.model.id == whole.model.id  # critic and policy restored from the step-2 checkpoint: same updates
+    out = capfd.readouterr().out
+    assert "WorkerLostError" in out and "critic[" in out and "restart 1/2" in out
     _assert_released(ray_local)
 
 

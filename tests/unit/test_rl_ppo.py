@@ -108,8 +108,10 @@ def _groups(folders, cfg):
     md = str(folders["llama"])
     rollout, reward = RolloutWorker(md, 0, 1), RewardWorker(RewardConfig(), 0, 1)
     policy, critic = PolicyWorker(md, cfg, 0, 1), CriticWorker(md, cfg, 0, 1)
-    pg = PolicyGroup([LocalActor(policy)], [policy.identity()], 60, cfg.micro_batch_size)
-    cg = CriticGroup([LocalActor(critic)], [critic.identity()], 60, cfg.micro_batch_size)
+    pg = PolicyGroup([LocalActor(policy)], [policy.identity()], 60, cfg.micro_batch_size,
+                     mini_batches=cfg.mini_batches, seed=cfg.seed)
+    cg = CriticGroup([LocalActor(critic)], [critic.identity()], 60, cfg.micro_batch_size,
+                     mini_batches=cfg.mini_batches, seed=cfg.seed)
     pg.setup()
     cg.setup()
     return {"rollout": RolloutGroup([LocalActor(rollout)], [rollout.identity()], 60),
@@ -131,8 +133,12 @@ def _controller(folders, cfg, checkpointer=None):
     return Controller(cfg, _groups(folders, cfg), sampler, NullTracker(), checkpointer)
 
 
-def test_ppo_warms_the_critic_up_then_trains_the_policy_on_per_token_advantages(folders, world_of_one):
-    c = _controller(folders, PPO)
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_ppo_warms_the_critic_up_then_trains_the_policy_on_per_token_advantages(folders, world_of_one, mini_batches):
+    from dataclasses import replace
+
+    cfg = replace(PPO, mini_batches=mini_batches)  # 1: critic.fit (one pass); 2: critic.values, then update
+    c = _controller(folders, cfg)
     history = c.run(3)
     assert [m.policy_version for m in history] == [0, 1, 2]  # step 1 trained only the critic
     critic = c.groups["critic"].workers[0]._obj
@@ -141,7 +147,7 @@ def test_ppo_warms_the_critic_up_then_trains_the_policy_on_per_token_advantages(
         assert {"critic/value_loss", "critic/vf_explained_var", "critic/values_mean", "critic/returns_mean",
                 "adv/mean", "adv/std"} <= set(m.extra)
         assert abs(m.extra["adv/mean"]) < 1e-5 and abs(m.extra["adv/std"] - 1) < 1e-3  # whitened over the batch
-        assert "critic" in m.compute_s and "values" in m.phase_s
+        assert "critic" in m.compute_s and "critic" in m.phase_s and ("values" in m.phase_s) == (mini_batches > 1)
     assert "update" not in history[0].phase_s and "update" in history[1].phase_s
 
 
@@ -162,3 +168,29 @@ def test_ppo_resumes_policy_and_critic_to_the_uninterrupted_weights(folders, wor
     assert resumed.history[-1].step == 3
     for role in ("policy", "critic"):
         assert resumed.groups[role].workers[0]._obj.checksum() == whole.groups[role].workers[0]._obj.checksum()
+
+
+def test_one_pass_fit_gives_the_values_and_update_of_the_two_calls(folders, world_of_one):
+    from posttrain.rl.algorithms import ppo
+    from posttrain.rl.roles.critic import CriticBatch, CriticFit
+
+    prompts, responses = _batch(folders)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    rewards = ppo.token_rewards(torch.tensor([1.0, 0.0, 1.0]), mask)
+    rows = [rewards[i, :len(r)].tolist() for i, r in enumerate(responses)]
+    two, one = _critic(folders), _critic(folders)
+    assert one.one_pass()
+    old, _ = two.values(prompts, responses)
+    v = torch.zeros(3, 3)
+    for i, row in enumerate(old):
+        v[i, :len(row)] = torch.tensor(row)
+    returns = ppo.gae_returns(rewards, v, mask, gamma=0.9, lam=0.8)
+    a = two.update([CriticBatch(policy_version=0, prompt_ids=prompts, response_ids=responses, old_values=old,
+                                returns=[returns[i, :len(r)].tolist() for i, r in enumerate(responses)])], [6], [2])
+    b = one.fit(CriticFit(policy_version=0, prompt_ids=prompts, response_ids=responses, token_rewards=rows,
+                          gamma=0.9, lam=0.8), 6, 2)
+    assert max(abs(x - y) for p, q in zip(old, b["values"]) for x, y in zip(p, q)) < 1e-5
+    assert abs(a["loss"] - b["loss"]) < 1e-6 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-5
+    wa, wb = two.model.state_dict(), one.model.state_dict()
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
+    assert a["version"] == b["version"] == 1

@@ -75,7 +75,22 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
     """token_rewards, values, mask: (B, T). Returns (advantages, returns), both (B, T): GAE(gamma, lam) with masked
     positions stepped over, returns = raw advantages + values, advantages whitened over the batch's valid tokens
     (see the module docstring for the values at masked positions)."""
+    advantages = _gae(token_rewards, values, mask, gamma=gamma, lam=lam)
+    return masked_whiten(advantages, mask.to(values.dtype)), advantages + values.detach()
+
+
+def gae_returns(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float,
+                lam: float) -> torch.Tensor:
+    """(B, T) the returns of `gae_advantages` alone: raw GAE + values, row by row (no batch statistic), so an SPMD
+    critic rank can compute its own shard's regression targets."""
+    return _gae(token_rewards, values, mask, gamma=gamma, lam=lam) + values.detach()
+
+
+def _gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float,
+         lam: float) -> torch.Tensor:
+    """(B, T) raw (unwhitened) GAE advantages, the backward recursion of the module docstring."""
     with torch.no_grad():
+        values = values.detach()
         m = mask.to(values.dtype)
         next_value = torch.zeros_like(values[:, 0])
         last_gae = torch.zeros_like(values[:, 0])
@@ -86,9 +101,7 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
             next_value = values[:, t] * m[:, t] + (1 - m[:, t]) * next_value
             last_gae = gae * m[:, t] + (1 - m[:, t]) * last_gae
             reversed_adv.append(last_gae)
-        advantages = torch.stack(reversed_adv[::-1], dim=1)
-        returns = advantages + values
-        return masked_whiten(advantages, m), returns
+        return torch.stack(reversed_adv[::-1], dim=1)
 
 
 @dataclass(frozen=True)

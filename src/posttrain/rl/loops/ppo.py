@@ -7,6 +7,8 @@ instead of GRPO's group statistics, so advantages are per token.
     token rewards: outcome on the last token (- kl_coef * (rollout - reference log-prob) per token when
                    rl.kl_in_reward) ─► GAE(gamma, lam) ─► advantages (whitened over the batch), returns
     CriticBatch(values, returns) ─► critic.update (SPMD; clipped value loss)
+        (one pass of one mini-batch and no dropout: critic.fit computes the values, the returns and the
+         update from ONE forward per micro-batch - the same numbers, one forward fewer per step)
     TrainBatch(v) with per-token advantages ─► policy.update (SPMD; clipped ratio, dual-clip with
                    rl.clip_ratio_c) ─► v+1          - skipped while step <= rl.critic_warmup_steps
 
@@ -36,7 +38,7 @@ from posttrain.rl.loops.common import (
     score,
     update_policy,
 )
-from posttrain.rl.roles.critic import CriticBatch
+from posttrain.rl.roles.critic import CriticBatch, CriticFit
 from posttrain.rl.types import PolicyGroup, PromptBatch, ReferenceGroup, RewardGroup, RolloutGroup, TrainBatch
 
 
@@ -62,27 +64,31 @@ class PPO:
         traj = generate(r.rollout, prompts, cfg, run)
         rewards = score(r.reward, traj, cfg, run)
         ref = reference_logprobs(r.reference, traj, cfg, run)
-        with run.phase("values"):
-            values = r.critic.values(traj)
-        check_finite("critic values", [x for row in values.values for x in row], step=run.step)
-
-        with run.phase("advantages"):
-            mask = _mask(traj.response_ids)  # (B, R)
-            kl = _pad(traj.logprobs, mask) - _pad(ref.values, mask) if cfg.kl_in_reward else None  # k1 (B, R)
-            rewards_t = ppo.token_rewards(torch.tensor(rewards.scores, dtype=torch.float32), mask, kl=kl,
-                                          kl_coef=cfg.kl_coef)
-            v = _pad(values.values, mask)
-            adv, returns = ppo.gae_advantages(rewards_t, v, mask, gamma=cfg.gamma, lam=cfg.lam)  # (B, R) each
-        check_finite("advantages", adv[mask].tolist(), step=run.step)
-        check_finite("returns", returns[mask].tolist(), step=run.step)
-
-        with run.phase("critic"):
-            cstats = r.critic.update(CriticBatch(policy_version=run.version, prompt_ids=traj.prompt_ids,
-                                                 response_ids=traj.response_ids, old_values=values.values,
-                                                 returns=_rows(returns, traj.response_ids)))
-        if not cstats.applied:
-            raise NonFiniteError(f"step {run.step}: stage critic.update stopped before the optimizer step: "
-                                 f"{cstats.stopped}; no checkpoint written")
+        mask = _mask(traj.response_ids)  # (B, R)
+        kl = _pad(traj.logprobs, mask) - _pad(ref.values, mask) if cfg.kl_in_reward else None  # k1 (B, R)
+        rewards_t = ppo.token_rewards(torch.tensor(rewards.scores, dtype=torch.float32), mask, kl=kl,
+                                      kl_coef=cfg.kl_coef)  # (B, R)
+        if r.critic.one_pass():  # values and the critic's update from one forward (the same numbers)
+            with run.phase("critic"):
+                values, cstats = r.critic.fit(CriticFit(
+                    policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
+                    token_rewards=_rows(rewards_t, traj.response_ids), gamma=cfg.gamma, lam=cfg.lam))
+            v = self._checked_values(values, cstats, mask, run)
+            with run.phase("advantages"):
+                adv, returns = ppo.gae_advantages(rewards_t, v, mask, gamma=cfg.gamma, lam=cfg.lam)
+            self._check(adv, returns, mask, run)
+        else:
+            with run.phase("values"):
+                values = r.critic.values(traj)
+            v = self._checked_values(values, None, mask, run)
+            with run.phase("advantages"):
+                adv, returns = ppo.gae_advantages(rewards_t, v, mask, gamma=cfg.gamma, lam=cfg.lam)  # (B, R) each
+            self._check(adv, returns, mask, run)
+            with run.phase("critic"):
+                cstats = r.critic.update(CriticBatch(policy_version=run.version, prompt_ids=traj.prompt_ids,
+                                                     response_ids=traj.response_ids, old_values=values.values,
+                                                     returns=_rows(returns, traj.response_ids)))
+            self._checked_values(values, cstats, mask, run)
 
         stats = None
         if run.step > cfg.critic_warmup_steps:
@@ -103,6 +109,21 @@ class PPO:
             extra["critic/kl_in_reward"] = float(kl[mask].mean())
         return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=extra,
                            compute_s={"critic": values.compute_s + cstats.compute_s})
+
+
+    @staticmethod
+    def _checked_values(values, cstats, mask: torch.Tensor, run: StepRun) -> torch.Tensor:
+        """The values as (B, R); stops the step when they are not finite or the critic's update stopped."""
+        check_finite("critic values", [x for row in values.values for x in row], step=run.step)
+        if cstats is not None and not cstats.applied:
+            raise NonFiniteError(f"step {run.step}: stage critic.update stopped before the optimizer step: "
+                                 f"{cstats.stopped}; no checkpoint written")
+        return _pad(values.values, mask)
+
+    @staticmethod
+    def _check(adv: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, run: StepRun) -> None:
+        check_finite("advantages", adv[mask].tolist(), step=run.step)
+        check_finite("returns", returns[mask].tolist(), step=run.step)
 
 
 def _mask(response_ids: list[list[int]]) -> torch.Tensor:

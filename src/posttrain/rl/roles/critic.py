@@ -55,6 +55,20 @@ class CriticBatch:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CriticFit:
+    """What the one-pass critic call (`CriticWorker.fit`) needs: the samples and their token rewards; the values
+    and returns are computed inside, from the same forward that trains."""
+
+    policy_version: int
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    token_rewards: list[list[float]]
+    """(B, response_len_i) outcome on the last token (minus the KL penalty when it is in the reward)."""
+    gamma: float
+    lam: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class CriticStats:
     value_loss: float
     """Token mean of the clipped value loss over the first pass (before whitening nothing: raw returns)."""
@@ -163,6 +177,62 @@ class CriticWorker(SPMDWorker):
                                                    f"mini-batch {j}", grad_norm)
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
+        self.version += 1
+        return_free_memory()
+        return {**sums, "grad_norm": grad_norm, "version": self.version, "applied": True, "stopped": "",
+                "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+
+    def one_pass(self) -> bool:
+        """Whether `fit` gives exactly the two-call result here: no dropout anywhere (the values of a training
+        forward are those of an eval one)."""
+        cfg = self.model.rm.config
+        return (not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
+                and not getattr(cfg, "attention_dropout", 0.0))
+
+    def fit(self, sh: CriticFit, global_tokens: int, n_micro: int) -> dict:
+        """`values` and `update` in ONE forward per micro-batch, for one pass over one mini-batch (rl.inner_epochs
+        and rl.mini_batches 1): each micro-batch's forward gives the values at the critic's current version - the
+        advantages' baseline, returned in shard order - its rows' GAE returns (a per-row recursion) and, with
+        old values = those same values (so the clip is inactive, as in the first pass of `update`), the value
+        loss to back-propagate; one optimizer step at the end. The same numbers as values() then update(),
+        without the separate no-grad forward."""
+        self._local_optimizer()
+        t0, cfg = time.perf_counter(), self.cfg
+        sums = {"loss": 0.0, "clip": 0.0, "vmean": 0.0, "tok": 0}
+        values: list[list[float]] = []
+        n = len(sh.response_ids)
+        bounds = [round(i * n / n_micro) for i in range(n_micro + 1)]
+        for m in range(n_micro):
+            lo, hi = bounds[m], bounds[m + 1]
+            with (self.net.no_sync() if m < n_micro - 1 and self.world > 1 else contextlib.nullcontext()):
+                with self._autocast():
+                    v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
+                                              self.tok.pad_token_id)
+                old = v.detach()
+                ret = ppo.gae_returns(_pad(sh.token_rewards[lo:hi], v.shape).to(self.device), old, mask,
+                                      gamma=sh.gamma, lam=sh.lam)
+                loss, st = ppo.value_loss(v, old, ret, mask, clip_range=cfg.value_clip,
+                                          normalizer=float(global_tokens))
+                (loss * self.world).backward()
+            values += [row[:len(r)].tolist() for row, r in zip(old.cpu(), sh.response_ids[lo:hi])]
+            sums["loss"] += st.vf_loss * st.tokens
+            sums["clip"] += st.clip_fraction * st.tokens
+            sums["vmean"] += st.values_mean * st.tokens
+            sums["tok"] += st.tokens
+        res = self._step(sums, t0)
+        return {**res, "values": values}
+
+    def _step(self, sums: dict, t0: float) -> dict:
+        """The gates and the optimizer step after a pass whose gradients are accumulated."""
+        group_loss = self._group_mean(sums["loss"], float(sums["tok"]))
+        if not math.isfinite(group_loss):
+            return self._stopped(sums, t0, f"value loss is {group_loss} (critic group)")
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        if not math.isfinite(grad_norm):
+            return self._stopped(sums, t0, f"critic gradient norm is {grad_norm}", grad_norm)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         self.version += 1
         return_free_memory()
         return {**sums, "grad_norm": grad_norm, "version": self.version, "applied": True, "stopped": "",

@@ -138,14 +138,16 @@ ROLES: dict[str, RoleSpec] = {
         name="critic", worker="posttrain.rl.roles.critic:CriticWorker",
         group="posttrain.rl.roles.critic_group:CriticGroup",
         fan_out={"setup": FanOut.ALL, "values": FanOut.SPLIT_TOKENS, "update": FanOut.SPLIT_TOKENS,
+                 "fit": FanOut.SPLIT_TOKENS, "one_pass": FanOut.ONE,
                  "save_state": FanOut.ALL, "load_state": FanOut.ALL},
-        takes=("Trajectories", "CriticBatch"), returns=("Values", "CriticStats"), trains=True,
+        takes=("Trajectories", "CriticBatch", "CriticFit"), returns=("Values", "CriticStats"), trains=True,
         kuberay_group="train", workers=lambda s: s.placement.critic_workers or s.placement.policy_workers,
         enabled=lambda s: s.rl.algorithm.value == "ppo",
         worker_args=lambda s, rank, n: (s.rl.critic_init or s.start_model_dir, s.rl, rank, n, s.model,
                                         s.placement.torch_threads),
         group_args=lambda ctx: {"micro_batch_size": ctx.settings.rl.micro_batch_size,
-                                "mini_batches": ctx.settings.rl.mini_batches, "seed": ctx.settings.rl.seed}),
+                                "mini_batches": ctx.settings.rl.mini_batches, "seed": ctx.settings.rl.seed,
+                                "epochs": ctx.settings.rl.inner_epochs}),
 }
 """Role name -> declaration, in the order roles start and phases run."""
 
