@@ -3,9 +3,10 @@
     .venv/bin/python bench/default_seeds.py                      # seeds 0 1 2, tiny_cpu, fresh store per run
     .venv/bin/python bench/default_seeds.py --seeds 0 1 2 3 --recipe tiny_cpu --overrides '{"rl": {"lr": 1e-4}}'
     .venv/bin/python bench/default_seeds.py --write-readme      # also rewrite the README's table with this run
+    .venv/bin/python bench/default_seeds.py --recipe tiny_cpu_ppo --block ppo_seeds --write-readme   # PPO's table
 
-`--write-readme` replaces the README block between `<!-- default_seeds:begin -->` and `<!-- default_seeds:end -->`
-with this run's table, spread, command, commit and load average (the README figures are never typed by hand).
+`--write-readme` replaces the README block between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` (`--block`,
+default `default_seeds`) with this run's table, spread, command, commit and load average (the README figures are never typed by hand).
 
 For each seed s it runs `make run`'s job (`pyflyte run workflows/pipeline.py pipeline`) in a subprocess with
 every seed of the run set to s - data generation and split, weight init, SFT data order, RL prompt order and
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's overrides")
     ap.add_argument("--home", default="", help="artifact store to use (default: a fresh temporary one per seed)")
     ap.add_argument("--write-readme", action="store_true", help="replace the README's seed table with this run's")
+    ap.add_argument("--block", default="default_seeds", help="the README block to replace (default_seeds, ppo_seeds)")
     args = ap.parse_args(argv)
     extra = json.loads(args.overrides)
     rows = []
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     block = table(rows, argv if argv is not None else sys.argv[1:], load)
     print(block)
     if args.write_readme:
-        write_readme(ROOT / "README.md", block)
+        write_readme(ROOT / "README.md", block, f"<!-- {args.block}:begin -->", f"<!-- {args.block}:end -->")
         print(f"wrote the table into {ROOT / 'README.md'}")
     return 0
 

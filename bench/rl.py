@@ -5,7 +5,7 @@
     .venv/bin/python bench/rl.py --sections trl --trl-steps 10    # a short TRL comparison
     .venv/bin/python bench/rl.py --sections placement --steps 20  # (BENCH_RL_STEPS=20 works too)
 
-Sections (`--sections placement,engines,trl`; default all; each ends with the load average and versions):
+Sections (`--sections placement,engines,trl,ppo`; default all; each ends with the load average and versions):
 - placement: COLOCATED vs SPLIT on the tiny_cpu model (random init: rewards are all 0, which changes no
   timing - the update still runs its full forward/backward). Per mode: mean step wall time, rollout
   generated tokens/s, orchestration-overhead share (1 - worker-timed compute / step wall time), phase
@@ -22,6 +22,9 @@ Sections (`--sections placement,engines,trl`; default all; each ends with the lo
   of the start model and both final models; RL loop wall time, generated tokens (up to EOS), end-to-end
   generated tokens/s and median step time; project / TRL ratios. Run it under .venv/bin/python so both
   sides use the same transformers. The full-size section runs the recipe's 100 steps (~15-25 min on 2 cores).
+- ppo (bench/rl_ppo.py): the project's PPO (tiny_cpu_ppo recipe) against its GRPO (tiny_cpu) from the same
+  cached SFT model at the same batch: median step time and phases, held-out greedy and sampled gain, PPO / GRPO
+  step-time ratio; and whether the pinned TRL has a PPO trainer to compare with (1.16.0 has none).
 Run on an otherwise idle machine: Ray workers run at nice 15, so any other process takes their CPU first.
 """
 
@@ -44,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings: rl_
 
 from rl_runs import build_inputs, local_ray, run_steps
 
-SECTIONS = ("placement", "engines", "trl")
+SECTIONS = ("placement", "engines", "trl", "ppo")
 
 
 def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path, steps: int) -> dict:
@@ -133,6 +136,12 @@ def trl_section(steps: int | None, threads: int) -> None:
           f"{'met' if ratio >= 1.5 and gain_p >= gain_t else 'not met'}")
 
 
+def ppo_section(steps: int | None) -> None:
+    import rl_ppo
+
+    rl_ppo.print_section(rl_ppo.compare(steps))
+
+
 def versions() -> str:
     def v(p):
         try:
@@ -152,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="tiny,smollm2", help="engines section: tiny, smollm2")
     ap.add_argument("--trl-steps", type=int, default=0, help="trl section: RL steps (0: the recipe's own, 100)")
     ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
+    ap.add_argument("--ppo-steps", type=int, default=0, help="ppo section: RL steps (0: the recipes' own, 100)")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
     if unknown := set(sections) - set(SECTIONS):
@@ -165,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             engines_section(args.models.split(","), args.engine_steps)
         elif name == "trl":
             trl_section(args.trl_steps or None, args.trl_threads)
+        elif name == "ppo":
+            ppo_section(args.ppo_steps or None)
         print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     load1 = os.getloadavg()
     print(f"\nload average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "

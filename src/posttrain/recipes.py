@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Callable
 
 from posttrain.config import (
+    Algorithm,
     ConfigError,
     DataConfig,
     DistillConfig,
@@ -74,6 +75,18 @@ def tiny_cpu() -> PipelineConfig:
         distill=DistillConfig(steps=2000, global_batch_size=128, micro_batch_size=64, lr=3e-3, warmup_steps=20,
                               save_every=500),
     )
+
+
+def tiny_cpu_ppo() -> PipelineConfig:
+    """tiny_cpu with PPO instead of GRPO: the same batch (128 prompts x 8 samples), steps, policy lr and warm-up,
+    plus a critic - the SFT model's body with a fresh value head - at lr 1e-3 that trains alone for the first 5
+    steps (its head starts random: explained variance -1.5 at step 1; with the warm-up 0.2 by step 30 and 0.7
+    by step 100, seed 0). gamma = lam = 1 (verl's defaults: the outcome is the only reward, so the return of
+    every token is the sample's score). Its critic lr of 1e-5 (the default, meant for pretrained models)
+    left the value loss at 0.42 after 6 steps; 1e-3 reached 0.08 by step 30."""
+    base = tiny_cpu()
+    return replace(base, name="tiny_cpu_ppo", rl=replace(base.rl, algorithm=Algorithm.PPO, critic_lr=1e-3,
+                                                          critic_warmup_steps=5))
 
 
 def tiny_cpu_long() -> PipelineConfig:
@@ -166,6 +179,7 @@ def small_instruct_cpu() -> PipelineConfig:
 
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny_cpu": tiny_cpu,
+    "tiny_cpu_ppo": tiny_cpu_ppo,
     "tiny_cpu_long": tiny_cpu_long,
     "tiny_chain": tiny_chain,
     "gpu_single": gpu_single,
