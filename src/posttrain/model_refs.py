@@ -27,16 +27,18 @@ def start_model(model: ModelConfig, *, run_id: str, store: ArtifactStore | None 
     return _folder_model(model.base_path, "model.base_path", run_id, store)
 
 
-def model_ref(spec: str, setting: str, *, run_id: str, store: ArtifactStore | None = None) -> ArtifactRef:
+def model_ref(spec: str, setting: str, *, run_id: str, store: ArtifactStore | None = None,
+              kinds: tuple[str, ...] = ("model",)) -> ArtifactRef:
     """A model named by a setting that takes "an artifact id (or unique prefix), a local HF folder, or
-    `channel:NAME`" (dpo.reference, distill.teacher): a folder is stored by content like model.base_path."""
+    `channel:NAME`" (dpo.reference, distill.teacher, reward.models): a folder is stored by content like
+    model.base_path; a stored artifact must be one of `kinds` (reward.models also takes `reward_model`s)."""
     store = store or ArtifactStore()
     if not spec.startswith("channel:") and (os.sep in spec or spec.startswith((".", "~")) or Path(spec).is_dir()):
         return _folder_model(spec, setting, run_id, store)
-    return _stored_model(spec, setting, store)
+    return _stored_model(spec, setting, store, kinds)
 
 
-def _stored_model(spec: str, setting: str, store: ArtifactStore) -> ArtifactRef:
+def _stored_model(spec: str, setting: str, store: ArtifactStore, kinds: tuple[str, ...] = ("model",)) -> ArtifactRef:
     from posttrain.artifacts import ArtifactNotFoundError
 
     artifact = _from_channel(spec, store, setting)
@@ -44,8 +46,9 @@ def _stored_model(spec: str, setting: str, store: ArtifactStore) -> ArtifactRef:
         ref = store.ref(artifact)
     except ArtifactNotFoundError as e:
         raise ArtifactNotFoundError(f"{setting}: {e}") from None
-    if ref.kind != "model":
-        raise ConfigError(f"{setting}: {spec!r} is a {ref.kind} artifact ({ref.short} {ref.name}), not a model")
+    if ref.kind not in kinds:
+        raise ConfigError(f"{setting}: {spec!r} is a {ref.kind} artifact ({ref.short} {ref.name}), not "
+                          + " or ".join(f"a {k}" for k in kinds))
     print(f"{setting}: model artifact {ref.short} ({ref.name})")
     return ref
 

@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
@@ -300,7 +300,8 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
 def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, tracking: TrackingConfig, *,
        max_seq_len: int, start_model: ArtifactRef, dataset: ArtifactRef, run_id: str,
        model_cfg: ModelConfig | None = None, store: ArtifactStore | None = None) -> ArtifactRef:
-    """GRPO from `start_model` on the dataset's train prompts; returns the final RL `model` artifact.
+    """RL (`rl.algorithm`) from `start_model` on the dataset's train prompts; returns the final RL `model`
+    artifact, whose parents are the start model, the dataset and every reward model of `reward.models`.
 
     Must run where Ray is initialised (the Flyte Ray task's pre_execute does it). Training state lives in a
     folder keyed by the inputs, so a killed task resumes from its last checkpoint when it is re-run; it is
@@ -313,7 +314,12 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     if not rl_cfg.enabled:
         print("rl: disabled (rl.enabled=false): passing the start model through")
         return start_model
-    key = store.cache_key("rl", _without_keep_state(rl_cfg), to_dict(reward), to_dict(placement), max_seq_len,
+    # reward.models as stored artifacts (a folder by content, a channel by what it holds now): the key and the
+    # lineage name them by id - a content hash -, the actors read their folders
+    rm_refs = [model_ref(m, f"reward.models[{i}]", run_id=run_id, store=store,
+                                    kinds=("reward_model", "model")) for i, m in enumerate(reward.models)]
+    reward_ids = replace(reward, models=[r.id for r in rm_refs])
+    key = store.cache_key("rl", _without_keep_state(rl_cfg), to_dict(reward_ids), to_dict(placement), max_seq_len,
                           (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
                           start_model.id, dataset.id, source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
     hit = store.cache_get(key)
@@ -327,13 +333,15 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     state = StateDir.under_store(store.root, "rl", key)
     print(f"rl: state in {state}", flush=True)
     wandb_run = WandbRun.for_stage(tracking, stage="rl", run_id=run_id, store=store,
-                                   inputs={"start_model": start_model.id, "dataset": dataset.id},
+                                   inputs={"start_model": start_model.id, "dataset": dataset.id,
+                                           **{f"reward_model_{i}": r.id for i, r in enumerate(rm_refs)}},
                                    settings={"rl": rl_cfg, "reward": reward, "placement": placement,
                                              "max_seq_len": max_seq_len, "model": model_cfg})
-    result = run_rl(rl_cfg=rl_cfg, reward_cfg=reward, model_cfg=model_cfg, placement_cfg=placement,
-                    max_seq_len=max_seq_len,
+    result = run_rl(rl_cfg=rl_cfg, reward_cfg=replace(reward, models=[str(store.get(r)) for r in rm_refs]),
+                    model_cfg=model_cfg, placement_cfg=placement, max_seq_len=max_seq_len,
                     tracking_cfg=tracking, start_model_dir=start_dir, dataset_dir=ds_dir, store_root=str(store.root),
-                    run_id=run_id, parents=[start_model.id, dataset.id], state_dir=state.location,
+                    run_id=run_id, parents=[start_model.id, dataset.id, *[r.id for r in rm_refs]],
+                    state_dir=state.location,
                     start_model_id=start_model.id, wandb_run=wandb_run)
     store.cache_put(key, result.model)
     if not rl_cfg.keep_state:  # only after the final model is stored: a failed run keeps its state and resumes

@@ -4,6 +4,7 @@ allowed. One function per config section; cross-section rules live with the sect
 from __future__ import annotations
 
 import importlib.util
+import math
 
 from posttrain.config.dense import DistillConfig, DPOConfig, PairsConfig
 from posttrain.config.enums import Algorithm, DataSchema, DistillLoss, DPOLoss, RolloutBackend
@@ -183,6 +184,16 @@ def _check_reward(w: RewardConfig) -> None:
            "entries must be non-empty folder paths")
     if w.python_path:
         _check(bool(w.fn), "reward.python_path", "only means something with reward.fn set")
+    _check(all(isinstance(m, str) and m.strip() for m in w.models), "reward.models",
+           "entries must be artifact ids, channel:NAME or folders")
+    _check(not w.model_weights or len(w.model_weights) == len(w.models), "reward.model_weights",
+           f"needs one weight per reward.models entry ({len(w.models)}), got {len(w.model_weights)}")
+    _check(all(math.isfinite(x) for x in w.model_weights), "reward.model_weights", "must be finite")
+    _check(math.isfinite(w.fn_weight) and w.fn_weight >= 0, "reward.fn_weight", "must be a finite number >= 0")
+    _check(w.fn_weight > 0 or bool(w.models), "reward.fn_weight",
+           "0 leaves no reward: set reward.models, or a weight > 0")
+    _check(w.fn_weight == 1.0 or bool(w.models), "reward.fn_weight",
+           "only means something with reward.models set (the function is the whole reward otherwise)")
 
 
 def _check_rl(r: RLConfig, m: ModelConfig) -> None:
@@ -231,6 +242,7 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
     _check(p.reference_workers >= 1, "placement.reference_workers", "must be >= 1")
     _check(p.reward_workers >= 1, "placement.reward_workers", "must be >= 1")
     _check(p.critic_workers >= 0, "placement.critic_workers", "must be >= 0 (0: as many as policy_workers)")
+    _check(p.reward_model_workers >= 1, "placement.reward_model_workers", "must be >= 1")
     _check(p.critic_workers == 0 or r.algorithm == Algorithm.PPO, "placement.critic_workers",
            "only means something with rl.algorithm 'ppo'")
     _check(p.torch_threads >= 1, "placement.torch_threads", "must be >= 1")

@@ -222,6 +222,18 @@ class RewardConfig:
     """CPU seconds one call may use, all threads of the reward process together (RLIMIT_CPU, raised before
     each call); over it the process is killed and replaced and the call fails with the reason. 0: no limit.
     Differs from `timeout_s` (wall time) for a function that runs several threads."""
+    models: list[str] = field(default_factory=list)
+    """Learned reward models that score every RL sample (the reward-model role): `reward_model` or `model`
+    artifact ids, `channel:NAME`, or local folders holding a sequence classifier with one output (stored in
+    the artifact store by content, so the RL model's lineage names them). Each scores the prompt plus the
+    completion rendered with its own tokenizer's chat template."""
+    model_weights: list[float] = field(default_factory=list)
+    """Weight of each of `models` in the reward (empty: 1.0 each)."""
+    fn_weight: float = 1.0
+    """Weight of the reward function's (or the task's verifier's) score in the reward: reward = fn_weight x
+    function score + sum of model_weights[i] x model i's score. 0 with `models` set: the models are the only
+    reward, and the function's score is still computed and logged (reward/fn_mean, reward/fn_accuracy) to
+    watch what the models reward."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,6 +342,8 @@ class PlacementConfig:
     """Reward scoring workers."""
     critic_workers: int = 0
     """PPO: ranks of the SPMD critic group; 0: as many as policy_workers."""
+    reward_model_workers: int = 1
+    """Workers of the reward-model role (created only with reward.models set); each holds every model."""
     gpus_per_worker: float = 0.0
     """GPUs per role worker (0 on CPU). In COLOCATED mode roles share each device."""
     torch_threads: int = 1

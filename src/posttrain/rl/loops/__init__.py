@@ -21,8 +21,9 @@ class AlgorithmSpec:
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "grpo": AlgorithmSpec(loop="posttrain.rl.loops.grpo:GRPO",
-                          phases=("rollout", "reward", "reference", "advantages", "update", "sync")),
+                          phases=("rollout", "reward", "reward_model", "reference", "advantages", "update",
+                                  "sync")),
     "ppo": AlgorithmSpec(loop="posttrain.rl.loops.ppo:PPO",
-                         phases=("rollout", "reward", "reference", "values", "advantages", "critic", "update",
-                                 "sync")),
+                         phases=("rollout", "reward", "reward_model", "reference", "values", "advantages",
+                                 "critic", "update", "sync")),
 }

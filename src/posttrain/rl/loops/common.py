@@ -72,12 +72,27 @@ def generate(rollout, prompts: PromptBatch, cfg: RLConfig, run: StepRun) -> Traj
     return traj
 
 
-def score(reward, traj: Trajectories, cfg: RLConfig, run: StepRun) -> Rewards:
+def score(reward, traj: Trajectories, cfg: RLConfig, run: StepRun, *, models=None) -> tuple[Rewards, dict]:
+    """The samples' rewards and their metrics: the reward function's (or verifier's) scores, mixed with the
+    learned reward models' when the run has a reward-model role (`models`: fn_weight x function score + the
+    models' weighted scores). The function's own mean and accuracy are always reported (reward/fn_mean,
+    reward/fn_accuracy), so a run trained on models alone still shows what the verifier thinks."""
     with run.phase("reward"):
         rewards = reward.score(traj)
     check_reward_failures(rewards, step=run.step, max_rate=cfg.max_reward_failure_rate)
     check_finite("rewards", rewards.scores, step=run.step)
-    return rewards
+    fn = rewards.scores
+    metrics = {"reward/fn_mean": sum(fn) / len(fn), "reward/fn_accuracy": sum(s >= 1.0 for s in fn) / len(fn)}
+    if models is None:
+        return rewards, metrics
+    with run.phase("reward_model"):
+        ms = models.score(traj)
+    for name, s in zip(ms.models, ms.scores):
+        check_finite(f"reward model {name} scores", s, step=run.step)
+        metrics[f"reward/model{ms.models.index(name)}_mean"] = sum(s) / len(s)
+    mixed = Rewards(policy_version=rewards.policy_version, scores=models.combine(fn, ms), failures=rewards.failures,
+                    scorer=rewards.scorer, compute_s=rewards.compute_s + ms.compute_s)
+    return mixed, metrics
 
 
 def reference_logprobs(reference, traj: Trajectories, cfg: RLConfig, run: StepRun) -> LogProbs | None:

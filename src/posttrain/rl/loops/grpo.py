@@ -35,6 +35,8 @@ class GRPORoles:
     policy: PolicyGroup
     reference: ReferenceGroup | None = None
     """Present exactly when rl.kl_coef > 0."""
+    reward_model: object | None = None
+    """posttrain.rl.roles.reward_model.RewardModelGroup: present exactly when reward.models is set."""
 
 
 class GRPO:
@@ -46,7 +48,7 @@ class GRPO:
     def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
         cfg, r = self.cfg, self.roles
         traj = generate(r.rollout, prompts, cfg, run)
-        rewards = score(r.reward, traj, cfg, run)
+        rewards, reward_metrics = score(r.reward, traj, cfg, run, models=r.reward_model)
         ref = reference_logprobs(r.reference, traj, cfg, run)
         with run.phase("advantages"):
             adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,
@@ -54,4 +56,4 @@ class GRPO:
         batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                            old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None, advantages=adv)
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
-        return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats)
+        return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=reward_metrics)

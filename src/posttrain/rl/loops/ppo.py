@@ -51,6 +51,8 @@ class PPORoles:
     """posttrain.rl.roles.critic_group.CriticGroup (values, update, save_state, load_state)."""
     reference: ReferenceGroup | None = None
     """Present exactly when rl.kl_coef > 0."""
+    reward_model: object | None = None
+    """posttrain.rl.roles.reward_model.RewardModelGroup: present exactly when reward.models is set."""
 
 
 class PPO:
@@ -62,7 +64,7 @@ class PPO:
     def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
         cfg, r = self.cfg, self.roles
         traj = generate(r.rollout, prompts, cfg, run)
-        rewards = score(r.reward, traj, cfg, run)
+        rewards, reward_metrics = score(r.reward, traj, cfg, run, models=r.reward_model)
         ref = reference_logprobs(r.reference, traj, cfg, run)
         mask = _mask(traj.response_ids)  # (B, R)
         kl = _pad(traj.logprobs, mask) - _pad(ref.values, mask) if cfg.kl_in_reward else None  # k1 (B, R)
@@ -107,6 +109,7 @@ class PPO:
                  "adv/min": float(a.min()), "adv/max": float(a.max())}
         if kl is not None:
             extra["critic/kl_in_reward"] = float(kl[mask].mean())
+        extra.update(reward_metrics)
         return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=extra,
                            compute_s={"critic": values.compute_s + cstats.compute_s})
 

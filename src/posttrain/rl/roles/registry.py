@@ -118,6 +118,16 @@ ROLES: dict[str, RoleSpec] = {
         takes=("Trajectories",), returns=("Rewards",), trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reward_workers, enabled=lambda s: True,
         worker_args=lambda s, rank, n: (s.reward, rank, n)),
+    "reward_model": RoleSpec(
+        name="reward_model", worker="posttrain.rl.roles.reward_model:RewardModelWorker",
+        group="posttrain.rl.roles.reward_model:RewardModelGroup",
+        fan_out={"score": FanOut.SPLIT_TOKENS}, takes=("Trajectories",), returns=("ModelScores",), trains=False,
+        kuberay_group="train", workers=lambda s: s.placement.reward_model_workers,
+        enabled=lambda s: bool(s.reward.models),
+        worker_args=lambda s, rank, n: (s.reward.models, rank, n, s.model, _gen_threads(s)),
+        group_args=lambda ctx: {"models": ctx.settings.reward.models,
+                                "weights": ctx.settings.reward.model_weights or [1.0] * len(ctx.settings.reward.models),
+                                "fn_weight": ctx.settings.reward.fn_weight}),
     "reference": RoleSpec(
         name="reference", worker="posttrain.rl.roles.reference:ReferenceWorker",
         group="posttrain.rl.roles.reference:ReferenceGroup",

@@ -77,8 +77,12 @@ class RewardModelWorker:
 class RewardModelGroup:
     """Fan-out over reward-model workers: length-balanced shards -> .remote -> gather -> merge in order."""
 
-    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, models: list[str]):
+    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, models: list[str],
+                 weights: list[float] | None = None, fn_weight: float = 1.0):
+        """`weights` (one per model; default 1.0 each) and `fn_weight`: how `combine` mixes the scores."""
         self.workers, self.ids, self.timeout_s, self.models = workers, ids, timeout_s, list(models)
+        self.weights = list(weights) if weights else [1.0] * len(self.models)
+        self.fn_weight = fn_weight
 
     def identities(self) -> list[WorkerId]:
         return list(self.ids)
@@ -94,3 +98,8 @@ class RewardModelGroup:
         per_model = [dispatch.merge(sh, [r[0][m] for r in res]) for m in range(len(self.models))]
         return ModelScores(policy_version=t.policy_version, models=self.models, scores=per_model,
                            compute_s=max(r[1] for r in res))
+
+    def combine(self, fn_scores: list[float], scores: ModelScores) -> list[float]:
+        """(B,) fn_weight x function score + sum over models of weight x score."""
+        return [self.fn_weight * f + sum(w * s[b] for w, s in zip(self.weights, scores.scores))
+                for b, f in enumerate(fn_scores)]
