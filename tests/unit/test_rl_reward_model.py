@@ -6,6 +6,8 @@ is the only reward."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -57,15 +59,11 @@ def test_a_reward_model_scores_like_its_own_pooled_forward_in_any_split(rm_dir):
 
 
 def test_a_folder_without_a_chat_template_is_refused(rm_dir, tmp_path):
-    import shutil
-
     from posttrain.rl.roles.reward_model import RewardModelWorker
 
     bare = tmp_path / "bare"
     shutil.copytree(rm_dir, bare)
     cfg = bare / "tokenizer_config.json"
-    import json
-
     d = json.loads(cfg.read_text())
     d.pop("chat_template", None)
     cfg.write_text(json.dumps(d))
