@@ -16,6 +16,8 @@ settings, stale weights, drift, non-finite numbers, a failing reward) is not ret
 
 from __future__ import annotations
 
+from typing import Optional
+
 from flytekit import Deck, Resources, task
 from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
 
@@ -45,8 +47,10 @@ ray_config = RayJobConfig(
 @task(container_image=cpu_image, task_config=ray_config, requests=Resources(cpu="1", mem="2Gi"),
       retries=settings.TASK_RETRIES, enable_deck=True)
 def rl(rl: RLConfig, reward: RewardConfig, placement: PlacementConfig, model: ModelConfig, tracking: TrackingConfig,
-       start_model: ArtifactRef, dataset: ArtifactRef, run_id: str) -> ArtifactRef:
-    """Deck: the final model's page (per-step curves and phase times), or the start model's when RL is off."""
+       start_model: ArtifactRef, dataset: ArtifactRef, run_id: str,
+       reward_model: Optional[ArtifactRef] = None) -> ArtifactRef:
+    """Deck: the final model's page (per-step curves and phase times), or the start model's when RL is off.
+    `reward_model`: a reward model the workflow trained (rlhf_pipeline); it scores beside `reward.models`."""
     from flytekit.exceptions.user import FlyteRecoverableException
 
     from posttrain import stages
@@ -57,7 +61,7 @@ def rl(rl: RLConfig, reward: RewardConfig, placement: PlacementConfig, model: Mo
     try:
         with stage_errors("rl"):
             ref = stages.rl(rl, reward, placement, tracking, max_seq_len=model.max_seq_len, model_cfg=model,
-                            start_model=start_model, dataset=dataset, run_id=run_id)
+                            start_model=start_model, dataset=dataset, run_id=run_id, reward_model=reward_model)
     except RESTARTABLE as e:  # lost workers or timeouts beyond rl.max_restarts: let Flyte retry the task
         raise FlyteRecoverableException(f"{type(e).__name__}: {e}") from e
     Deck("rl", render_page(ArtifactStore(ref.store), ref.id, standalone=False))

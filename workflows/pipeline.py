@@ -19,9 +19,13 @@ re-runs only DPO and its evaluation):
     plan ─► data_prep ─► sft ─► evaluate ─► pairs (the SFT model's own samples, scored) ─► dpo ─► evaluate
                                         └─► pairs ─► reward_model ─► evaluate_reward_model (pairwise accuracy)
     plan ─► data_prep ─► distill (teacher: distill.teacher; student: the start model, or fresh) ─► evaluate
+    plan ─► data_prep ─► sft ─► evaluate
+                            └─► pairs ─► reward_model ─┬─► evaluate_reward_model
+                            └──────────────────────────┴─► rl (PPO; the reward model scores) ─► evaluate (verifier)
 
     pyflyte run workflows/pipeline.py dpo_pipeline --overrides '{"dpo": {"beta": 0.1}}'
     pyflyte run workflows/pipeline.py reward_model_pipeline
+    pyflyte run workflows/pipeline.py rlhf_pipeline                     # tiny_cpu_rlhf: the reward model is the reward
     pyflyte run workflows/pipeline.py distill_pipeline --overrides '{"distill": {"teacher": "channel:production"}}'
 
 With preference data (data.schema "preference") the data are the pairs: no sampling, and SFT (when enabled)
@@ -140,6 +144,26 @@ def reward_model_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id:
     rm = reward_model(model=p.model, reward_model=p.reward_model, tracking=p.tracking, pairs=pairs, start_model=m,
                       run_id=p.run_id)
     return evaluate_reward_model(reward_model=rm, pairs=pairs, run_id=p.run_id)
+
+
+@workflow
+def rlhf_pipeline(recipe: str = "tiny_cpu_rlhf", overrides: str = "", run_id: str = "") -> Summary:
+    """Classic RLHF: data -> SFT (+ eval) -> preference pairs -> reward model (+ its held-out pairwise accuracy) ->
+    RL (`rl.algorithm`; PPO in the default recipe) with that reward model as a scorer - the only reward with
+    `reward.fn_weight` 0, as in tiny_cpu_rlhf - -> evaluation with the task's verifier."""
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="rlhf_pipeline")
+    d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
+    m = _sft_or_start(p, d)
+    e1 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset, run_id=p.run_id)
+    pairs = _pairs(p, d, m)
+    rm = reward_model(model=p.model, reward_model=p.reward_model, tracking=p.tracking, pairs=pairs, start_model=m,
+                      run_id=p.run_id)
+    evaluate_reward_model(reward_model=rm, pairs=pairs, run_id=p.run_id)
+    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model, tracking=p.tracking, start_model=m,
+           dataset=d.dataset, run_id=p.run_id, reward_model=rm)
+    e2 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=r, dataset=d.dataset, run_id=p.run_id)
+    return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e1.report, rl_model=r,
+                     rl_eval=e2.report)
 
 
 @workflow

@@ -89,6 +89,14 @@ def tiny_cpu_ppo() -> PipelineConfig:
                                                           critic_warmup_steps=5))
 
 
+def tiny_cpu_rlhf() -> PipelineConfig:
+    """tiny_cpu_ppo for rlhf_pipeline: the reward model it trains from preference pairs of the SFT model's own
+    samples is the ONLY reward (`reward.fn_weight` 0); the task's verifier still scores every sample for the
+    logs (reward/fn_accuracy) and scores the final evaluation."""
+    base = tiny_cpu_ppo()
+    return replace(base, name="tiny_cpu_rlhf", reward=replace(base.reward, fn_weight=0.0))
+
+
 def tiny_cpu_long() -> PipelineConfig:
     """tiny_cpu with correct demonstrations (`data.demo_error_rate` 0): SFT alone gets (nearly) all of the
     addition task right, and RL has little left to do."""
@@ -180,6 +188,7 @@ def small_instruct_cpu() -> PipelineConfig:
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny_cpu": tiny_cpu,
     "tiny_cpu_ppo": tiny_cpu_ppo,
+    "tiny_cpu_rlhf": tiny_cpu_rlhf,
     "tiny_cpu_long": tiny_cpu_long,
     "tiny_chain": tiny_chain,
     "gpu_single": gpu_single,
@@ -191,6 +200,7 @@ WORKFLOW_SECTIONS: dict[str, tuple[str, ...]] = {
     "dpo_pipeline": ("pairs", "dpo"),
     "reward_model_pipeline": ("pairs", "reward_model"),
     "distill_pipeline": ("distill",),
+    "rlhf_pipeline": ("pairs", "reward_model", "rlhf"),
 }
 """The dense sections each workflow uses beyond data/model/sft/eval/rl (validated only there); others: none."""
 

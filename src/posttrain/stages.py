@@ -299,9 +299,12 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
 
 def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, tracking: TrackingConfig, *,
        max_seq_len: int, start_model: ArtifactRef, dataset: ArtifactRef, run_id: str,
-       model_cfg: ModelConfig | None = None, store: ArtifactStore | None = None) -> ArtifactRef:
+       model_cfg: ModelConfig | None = None, store: ArtifactStore | None = None,
+       reward_model: ArtifactRef | None = None) -> ArtifactRef:
     """RL (`rl.algorithm`) from `start_model` on the dataset's train prompts; returns the final RL `model`
     artifact, whose parents are the start model, the dataset and every reward model of `reward.models`.
+    `reward_model`: a reward model a workflow trained (rlhf_pipeline), scoring first with weight 1.0 before
+    those of `reward.models`.
 
     Must run where Ray is initialised (the Flyte Ray task's pre_execute does it). Training state lives in a
     folder keyed by the inputs, so a killed task resumes from its last checkpoint when it is re-run; it is
@@ -318,6 +321,10 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     # lineage name them by id - a content hash -, the actors read their folders
     rm_refs = [model_ref(m, f"reward.models[{i}]", run_id=run_id, store=store,
                                     kinds=("reward_model", "model")) for i, m in enumerate(reward.models)]
+    if reward_model is not None:
+        rm_refs = [reward_model, *rm_refs]
+        reward = replace(reward, models=[reward_model.id, *reward.models],
+                         model_weights=[1.0, *(reward.model_weights or [1.0] * len(reward.models))])
     reward_ids = replace(reward, models=[r.id for r in rm_refs])
     key = store.cache_key("rl", _without_keep_state(rl_cfg), to_dict(reward_ids), to_dict(placement), max_seq_len,
                           (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,

@@ -70,6 +70,21 @@ def test_dense_pipelines_store_their_models_with_lineage_and_cache_by_stage(tmp_
 
     assert AutoModelForSequenceClassification.from_pretrained(str(store.get(rm.id))).config.num_labels == 1
 
+    # rlhf_pipeline: the same SFT, pairs and reward model (cache hits), then PPO with that model as the only
+    # reward; the RL model names it as a parent and logs the critic's and the verifier's numbers
+    rlhf = {**SHORT, "rl": {"steps": 2, "prompts_per_step": 8, "samples_per_prompt": 4, "critic_warmup_steps": 1,
+                            "checkpoint_every": 0}}
+    out = pyflyte("rlhf_pipeline", rlhf, home)
+    for stage in ("sft", "pairs", "reward_model"):
+        assert f"{stage}: cache hit" in out, out[-3000:]
+    ppo = store.manifest(dict(re.findall(r"(rl)_model_id='([0-9a-f]{64})'", out))["rl"])
+    assert ppo.extra["algorithm"] == "ppo" and rm.id in ppo.parents and sft.id in ppo.parents
+    assert ppo.config["reward"]["fn_weight"] == 0.0
+    last = ppo.extra["history"][-1]
+    assert {"critic/value_loss", "critic/vf_explained_var", "reward/fn_accuracy", "reward/model0_mean"} <= set(last)
+    assert last["policy_version"] == 1  # step 1 trained only the critic
+    assert "RL change" in out
+
     kd = {**SHORT, "distill": {"teacher": ids["sft"][:12], "steps": 20, "warmup_steps": 2, "save_every": 0}}
     out = pyflyte("distill_pipeline", kd, home)
     student = store.manifest(dict(re.findall(r"(sft)_model_id='([0-9a-f]{64})'", out))["sft"])

@@ -21,7 +21,9 @@ from posttrain.config.sections import (
     TrackingConfig,
 )
 
-DENSE = ("pairs", "dpo", "reward_model", "distill")
+DENSE = ("pairs", "dpo", "reward_model", "distill", "rlhf")
+"""Sections a workflow may use beyond data/model/sft/eval/rl; "rlhf": RL gets the reward model the workflow
+trains (rlhf_pipeline), so reward.fn_weight 0 leaves RL a reward."""
 """The sections only some workflows use (dpo_pipeline: pairs + dpo, ...): `validate(cfg, sections=...)` checks
 those named; the others are left alone, so e.g. a 4-rank SFT run need not also fit DPO's batch to 4 ranks."""
 
@@ -45,7 +47,7 @@ def validate(cfg: PipelineConfig, sections: tuple[str, ...] = DENSE) -> Pipeline
         _check_pairs(cfg.pairs, cfg.model)
     _check_eval(cfg.eval, cfg.model)
     _check_rl(cfg.rl, cfg.model)
-    _check_reward(cfg.reward)
+    _check_reward(cfg.reward, trained_model="rlhf" in sections)
     _check_placement(cfg.placement, cfg.rl)
     _check_tracking(cfg.tracking)
     return cfg
@@ -175,7 +177,7 @@ def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
     _check(e.backend != RolloutBackend.VLLM or vllm_installed(), "eval.backend", _NO_VLLM)
 
 
-def _check_reward(w: RewardConfig) -> None:
+def _check_reward(w: RewardConfig, *, trained_model: bool = False) -> None:
     _check(w.fn == "" or _is_import_path(w.fn), "reward.fn", "must look like 'module:function'")
     _check(w.timeout_s > 0, "reward.timeout_s", "must be > 0")
     _check(w.memory_mb >= 0, "reward.memory_mb", "must be >= 0 (0: no limit)")
@@ -190,9 +192,10 @@ def _check_reward(w: RewardConfig) -> None:
            f"needs one weight per reward.models entry ({len(w.models)}), got {len(w.model_weights)}")
     _check(all(math.isfinite(x) for x in w.model_weights), "reward.model_weights", "must be finite")
     _check(math.isfinite(w.fn_weight) and w.fn_weight >= 0, "reward.fn_weight", "must be a finite number >= 0")
-    _check(w.fn_weight > 0 or bool(w.models), "reward.fn_weight",
-           "0 leaves no reward: set reward.models, or a weight > 0")
-    _check(w.fn_weight == 1.0 or bool(w.models), "reward.fn_weight",
+    models = bool(w.models) or trained_model
+    _check(w.fn_weight > 0 or models, "reward.fn_weight",
+           "0 leaves no reward: set reward.models (or run rlhf_pipeline, which trains one), or a weight > 0")
+    _check(w.fn_weight == 1.0 or models, "reward.fn_weight",
            "only means something with reward.models set (the function is the whole reward otherwise)")
 
 
