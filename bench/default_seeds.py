@@ -4,6 +4,7 @@
     .venv/bin/python bench/default_seeds.py --seeds 0 1 2 3 --recipe tiny_cpu --overrides '{"rl": {"lr": 1e-4}}'
     .venv/bin/python bench/default_seeds.py --write-readme      # also rewrite the README's table with this run
     .venv/bin/python bench/default_seeds.py --recipe tiny_cpu_ppo --block ppo_seeds --write-readme   # PPO's table
+    .venv/bin/python bench/default_seeds.py --workflow rlhf_pipeline --recipe tiny_cpu_rlhf --block rlhf_seeds
 
 `--write-readme` replaces the README block between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` (`--block`,
 default `default_seeds`) with this run's table, spread, command, commit and load average (the README figures are never typed by hand).
@@ -39,9 +40,9 @@ def seed_overrides(seed: int, extra: dict) -> dict:
     return over
 
 
-def run_seed(seed: int, recipe: str, extra: dict, home: Path) -> dict:
+def run_seed(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "pipeline") -> dict:
     env = {**os.environ, "POSTTRAIN_HOME": str(home), "WANDB_MODE": "disabled"}
-    cmd = [str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", "pipeline",
+    cmd = [str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", workflow,
            "--recipe", recipe, "--overrides", json.dumps(seed_overrides(seed, extra))]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
@@ -58,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--recipe", default="tiny_cpu")
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's overrides")
-    ap.add_argument("--home", default="", help="artifact store to use (default: a fresh temporary one per seed)")
+    ap.add_argument("--home", default="", help="artifact store to use (default: a fresh temporary one per seed); "
+                    "'{seed}' in it is replaced by the seed, e.g. /data/stores/seed{seed}")
+    ap.add_argument("--workflow", default="pipeline", help="pipeline (default) or rlhf_pipeline: any workflow "
+                    "whose summary has SFT and RL accuracies")
     ap.add_argument("--write-readme", action="store_true", help="replace the README's seed table with this run's")
     ap.add_argument("--block", default="default_seeds", help="the README block to replace (default_seeds, ppo_seeds)")
     args = ap.parse_args(argv)
@@ -66,14 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for s in args.seeds:
         with tempfile.TemporaryDirectory(prefix=f"posttrain-seed{s}-") as tmp:
-            row = run_seed(s, args.recipe, extra, Path(args.home) if args.home else Path(tmp))
+            row = run_seed(s, args.recipe, extra, Path(args.home.format(seed=s)) if args.home else Path(tmp),
+                           args.workflow)
         row["d_greedy"] = row["rl_greedy_accuracy"] - row["sft_greedy_accuracy"]
         row["d_sampled"] = row["rl_sampled_accuracy"] - row["sft_sampled_accuracy"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     load = os.getloadavg()
     print(f"\nrecipe {args.recipe}, overrides {json.dumps(extra)}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    block = table(rows, argv if argv is not None else sys.argv[1:], load)
+    block = table(rows, argv if argv is not None else sys.argv[1:], load, workflow=args.workflow,
+                  cached=bool(args.home))
     print(block)
     if args.write_readme:
         write_readme(ROOT / "README.md", block, f"<!-- {args.block}:begin -->", f"<!-- {args.block}:end -->")
@@ -84,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 BEGIN, END = "<!-- default_seeds:begin -->", "<!-- default_seeds:end -->"
 
 
-def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -> str:
+def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], *, workflow: str = "pipeline",
+          cached: bool = False) -> str:
     """The README block: one row per seed, the spread of the RL change, and how to reproduce it."""
     lines = ["| seed | SFT greedy | SFT sampled | RL greedy | RL sampled | change greedy | change sampled | wall |",
              "|---|---|---|---|---|---|---|---|"]
@@ -98,8 +105,11 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
         spread.append(f"{label} mean {statistics.mean(v):+.3f} (min {min(v):+.3f}, max {max(v):+.3f}, std {sd:.3f})")
     command = " ".join(["bench/default_seeds.py", *[a for a in argv if a != "--write-readme"]])
-    lines += ["", (f"RL change over the {len(rows)} seeds: {'; '.join(spread)}. Wall time is the whole `pyflyte run` "
-                   f"(data prep, SFT, two evaluations, RL) with the install done; `make run` is seed 0. Command: "
+    wall = (f"Wall time is the whole `pyflyte run {workflow}`" +
+            (" with the stages it shares with earlier runs cached in the store" if cached else
+             " in a fresh store (every stage) with the install done") +
+            ("; `make run` is seed 0" if workflow == "pipeline" and "--recipe" not in argv else ""))
+    lines += ["", (f"RL change over the {len(rows)} seeds: {'; '.join(spread)}. {wall}. Command: "
                    f"`.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load average "
                    f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).")]
     return "\n".join(lines)

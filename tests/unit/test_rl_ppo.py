@@ -194,3 +194,21 @@ def test_one_pass_fit_gives_the_values_and_update_of_the_two_calls(folders, worl
     wa, wb = two.model.state_dict(), one.model.state_dict()
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
     assert a["version"] == b["version"] == 1
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_non_finite_values_stop_the_step_before_any_optimizer_step(folders, world_of_one, mini_batches):
+    from dataclasses import replace
+
+    from posttrain.rl.controller import NonFiniteError
+
+    cfg = replace(PPO, critic_warmup_steps=0, mini_batches=mini_batches)
+    c = _controller(folders, cfg)
+    c.start()
+    critic, policy = c.groups["critic"].workers[0]._obj, c.groups["policy"].workers[0]._obj
+    with torch.no_grad():
+        critic.model.rm.score.weight.fill_(math.nan)
+    before = policy.checksum()
+    with pytest.raises(NonFiniteError, match=r"step 1: critic values hold nan"):
+        c.step()
+    assert critic.version == 0 and policy.version == 0 and policy.checksum() == before and not c.history
