@@ -56,7 +56,7 @@ def test_gradient_checkpointing_same_policy_update(folders, world_of_one):
         res = w.update(b, global_tokens=sum(len(r) for r in b.response_ids), global_seqs=6, n_micro=2)
         out.append((res, w.state_dict()))
     (a, wa), (c, wc) = out
-    assert abs(a["loss"] - c["loss"]) < 1e-5 and abs(a["grad_norm"] - c["grad_norm"]) < 1e-5
+    assert abs(a.loss - c.loss) < 1e-5 and abs(a.grad_norm - c.grad_norm) < 1e-5
     assert max(float((wa[k] - wc[k]).abs().max()) for k in wa) < 1e-5
 
 
@@ -78,19 +78,19 @@ def test_policy_update_gates_stop_before_the_optimizer_step(folders, world_of_on
         return w.update(batch, global_tokens=n, global_seqs=6, n_micro=2, drift_threshold=0.05)
 
     res = update(replace(b, old_logprobs=[[x - 1.0 for x in row] for row in b.old_logprobs]))  # a stale rollout
-    assert not res["applied"] and abs(res["drift"] - 1.0) < 1e-3 and "rl.drift_threshold" in res["stopped"]
+    assert not res.applied and abs(res.drift - 1.0) < 1e-3 and "rl.drift_threshold" in res.stopped
     assert w.checksum() == before and w.version == 0
     res = update(replace(b, advantages=[math.nan] + b.advantages[1:]))  # a poisoned advantage
-    assert not res["applied"] and res["stopped"].startswith("loss is nan"), res["stopped"]
+    assert not res.applied and res.stopped.startswith("loss is nan"), res.stopped
     assert w.checksum() == before and w.version == 0
     p = next(iter(w.model.parameters()))
     hook = p.register_hook(lambda g: g * math.inf)  # a finite loss whose gradient overflows
     res = update(b)
     hook.remove()
-    assert not res["applied"] and "gradient norm is" in res["stopped"], res["stopped"]
+    assert not res.applied and "gradient norm is" in res.stopped, res.stopped
     assert w.checksum() == before and w.version == 0
     res = update(b)  # the same batch, unpoisoned: the drift check passes and the step is taken
-    assert res["applied"] and res["drift"] < 1e-4 and w.version == 1 and w.checksum() != before
+    assert res.applied and res.drift < 1e-4 and w.version == 1 and w.checksum() != before
 
 
 def test_a_one_rank_policy_keeps_no_gradients_between_updates(folders, world_of_one):
@@ -104,7 +104,7 @@ def test_a_one_rank_policy_keeps_no_gradients_between_updates(folders, world_of_
     w.setup_process_group("127.0.0.1", 0, 60)
     assert w.net is w.model and not isinstance(w.net, torch.nn.parallel.DistributedDataParallel)
     res = w.update(b, global_tokens=sum(len(r) for r in b.response_ids), global_seqs=6, n_micro=2)
-    assert res["applied"] and res["grad_norm"] > 0
+    assert res.applied and res.grad_norm > 0
     assert all(p.grad is None for p in w.model.parameters())
 
 

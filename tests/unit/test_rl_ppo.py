@@ -61,8 +61,8 @@ def test_the_critic_regresses_its_values_onto_the_returns(folders, world_of_one)
         old, _ = w.values(prompts, responses)
         res = w.update([CriticBatch(policy_version=0, prompt_ids=prompts, response_ids=responses, old_values=old,
                                     returns=target)], [6], [2])
-        assert res["applied"]
-        losses.append(res["loss"] / res["tok"])
+        assert res.applied
+        losses.append(res.loss / res.tokens)
     assert w.version == 15
     assert losses[-1] < 0.1 * losses[0], losses
 
@@ -77,7 +77,7 @@ def test_a_non_finite_return_stops_the_critic_before_its_optimizer_step(folders,
     bad = [[math.nan] * len(r) for r in responses]
     res = w.update([CriticBatch(policy_version=0, prompt_ids=prompts, response_ids=responses, old_values=old,
                                 returns=bad)], [6], [1])
-    assert not res["applied"] and "value loss is nan" in res["stopped"]
+    assert not res.applied and "value loss is nan" in res.stopped
     assert w.checksum() == before and w.version == 0
 
 
@@ -189,11 +189,11 @@ def test_one_pass_fit_gives_the_values_and_update_of_the_two_calls(folders, worl
                                 returns=[returns[i, :len(r)].tolist() for i, r in enumerate(responses)])], [6], [2])
     b = one.fit(CriticFit(policy_version=0, prompt_ids=prompts, response_ids=responses, token_rewards=rows,
                           gamma=0.9, lam=0.8), 6, 2)
-    assert max(abs(x - y) for p, q in zip(old, b["values"]) for x, y in zip(p, q)) < 1e-5
-    assert abs(a["loss"] - b["loss"]) < 1e-6 and abs(a["grad_norm"] - b["grad_norm"]) < 1e-5
+    assert max(abs(x - y) for p, q in zip(old, b.values) for x, y in zip(p, q)) < 1e-5
+    assert abs(a.loss - b.loss) < 1e-6 and abs(a.grad_norm - b.grad_norm) < 1e-5
     wa, wb = two.model.state_dict(), one.model.state_dict()
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
-    assert a["version"] == b["version"] == 1
+    assert a.version == b.version == 1
 
 
 @pytest.mark.parametrize("mini_batches", [1, 2])

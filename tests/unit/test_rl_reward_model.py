@@ -119,4 +119,4 @@ def test_reward_settings_are_checked_before_any_work():
                           (RewardConfig(fn_weight=0.5), "reward.fn_weight"),
                           (RewardConfig(models=[" "]), "reward.models")]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-            validate(replace(base, reward=reward))
+            validate(replace(base, reward=reward), ())  # the plain pipeline: no reward model is trained

@@ -144,6 +144,35 @@ class UpdateStats:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankUpdate:
+    """One SPMD training rank's answer to an update (policy or critic), reduced by its group: sums over the
+    rank's shard in the first pass, and what every rank reports alike (version, checksum, gates)."""
+
+    loss: float
+    """Policy: this rank's part of the batch loss (the ranks' parts add up to it); critic: the sum of its
+    tokens' value losses."""
+    sums: tuple[tuple[str, float], ...]
+    """Per-token sums of the role's statistics over the rank's tokens, e.g. (("pg", ...), ("kl", ...)) for
+    the policy, (("clip", ...), ("values", ...)) for the critic: the group divides by the group's tokens."""
+    tokens: int
+    """Valid tokens of the rank's shard."""
+    grad_norm: float
+    version: int
+    """Updates done after this one (unchanged when a gate stopped it)."""
+    checksum: str
+    applied: bool
+    stopped: str
+    compute_s: float
+    drift: float = 0.0
+    """Policy: the group's mean |rollout - policy log-prob| from the first forward."""
+    values: list[list[float]] | None = None
+    """Critic fit: the values of the shard's rows, in shard order."""
+
+    def total(self, name: str) -> float:
+        return dict(self.sums)[name]
+
+
+@dataclass(frozen=True, kw_only=True)
 class WeightsHandle:
     """What the policy hands to weight sync: a version, a checksum and where the tensors are."""
 

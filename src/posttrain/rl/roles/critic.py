@@ -19,6 +19,7 @@ when the group's loss or the gradient norm is not finite (`applied` False, weigh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.rl.algorithms import ppo
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
+from posttrain.rl.types import RankUpdate
 from posttrain.rl.weight_sync import weights_checksum
 
 
@@ -148,7 +150,7 @@ class CriticWorker(SPMDWorker):
     def checksum(self) -> str:
         return weights_checksum({k: v.detach() for k, v in self.model.state_dict().items()})
 
-    def update(self, shards: list[CriticBatch], global_tokens: list[int], n_micro: list[int]) -> dict:
+    def update(self, shards: list[CriticBatch], global_tokens: list[int], n_micro: list[int]) -> RankUpdate:
         """`rl.inner_epochs` passes over this rank's shards (one per mini-batch), one optimizer step each."""
         self._local_optimizer()
         t0, cfg = time.perf_counter(), self.cfg
@@ -179,8 +181,7 @@ class CriticWorker(SPMDWorker):
                 self.opt.zero_grad(set_to_none=True)
         self.version += 1
         return_free_memory()
-        return {**sums, "grad_norm": grad_norm, "version": self.version, "applied": True, "stopped": "",
-                "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+        return self._answer(sums, t0, grad_norm, applied=True, stopped="")
 
     def one_pass(self) -> bool:
         """Whether `fit` gives exactly the two-call result here: no dropout anywhere (the values of a training
@@ -189,7 +190,7 @@ class CriticWorker(SPMDWorker):
         return (not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
                 and not getattr(cfg, "attention_dropout", 0.0))
 
-    def fit(self, sh: CriticFit, global_tokens: int, n_micro: int) -> dict:
+    def fit(self, sh: CriticFit, global_tokens: int, n_micro: int) -> RankUpdate:
         """`values` and `update` in ONE forward per micro-batch, for one pass over one mini-batch (rl.inner_epochs
         and rl.mini_batches 1): each micro-batch's forward gives the values at the critic's current version - the
         advantages' baseline, returned in shard order - its rows' GAE returns (a per-row recursion) and, with
@@ -219,10 +220,9 @@ class CriticWorker(SPMDWorker):
             sums["clip"] += st.clip_fraction * st.tokens
             sums["vmean"] += st.values_mean * st.tokens
             sums["tok"] += st.tokens
-        res = self._step(sums, t0)
-        return {**res, "values": values}
+        return dataclasses.replace(self._step(sums, t0), values=values)
 
-    def _step(self, sums: dict, t0: float) -> dict:
+    def _step(self, sums: dict, t0: float) -> RankUpdate:
         """The gates and the optimizer step after a pass whose gradients are accumulated."""
         group_loss = self._group_mean(sums["loss"], float(sums["tok"]))
         if not math.isfinite(group_loss):
@@ -235,8 +235,7 @@ class CriticWorker(SPMDWorker):
         self.opt.zero_grad(set_to_none=True)
         self.version += 1
         return_free_memory()
-        return {**sums, "grad_norm": grad_norm, "version": self.version, "applied": True, "stopped": "",
-                "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+        return self._answer(sums, t0, grad_norm, applied=True, stopped="")
 
     def _backward(self, sh: CriticBatch, lo: int, hi: int, norm: float, sync: bool) -> ppo.ValueLossStats:
         with (self.net.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
@@ -249,11 +248,15 @@ class CriticWorker(SPMDWorker):
             (loss * self.world).backward()  # DDP averages gradients; the normalizer is global
         return st
 
-    def _stopped(self, sums: dict, t0: float, why: str, grad_norm: float = 0.0) -> dict:
+    def _stopped(self, sums: dict, t0: float, why: str, grad_norm: float = 0.0) -> RankUpdate:
         self.opt.zero_grad(set_to_none=True)
         return_free_memory()
-        return {**sums, "grad_norm": grad_norm, "version": self.version, "applied": False, "stopped": why,
-                "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+        return self._answer(sums, t0, grad_norm, applied=False, stopped=why)
+
+    def _answer(self, sums: dict, t0: float, grad_norm: float, *, applied: bool, stopped: str) -> RankUpdate:
+        return RankUpdate(loss=sums["loss"], sums=(("clip", float(sums["clip"])), ("values", float(sums["vmean"]))),
+                          tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version, checksum=self.checksum(),
+                          applied=applied, stopped=stopped, compute_s=time.perf_counter() - t0)
 
 
 def _pad(rows: list[list[float]], shape) -> torch.Tensor:

@@ -14,7 +14,7 @@ from posttrain.rl.remote import gather
 from posttrain.rl.roles.critic import CriticBatch, CriticFit, CriticStats, Values
 from posttrain.rl.roles.policy_group import mini_batch_rows
 from posttrain.rl.roles.spmd import SPMDGroup
-from posttrain.rl.types import Trajectories, WorkerId
+from posttrain.rl.types import RankUpdate, Trajectories, WorkerId
 
 
 class CriticGroup(SPMDGroup):
@@ -60,7 +60,7 @@ class CriticGroup(SPMDGroup):
                                        token_rewards=[batch.token_rewards[i] for i in s], gamma=batch.gamma,
                                        lam=batch.lam), total, n_micro) for w, s in zip(self.workers, sh.shards)]
         res = gather(refs, self.ids, stage="critic.fit", timeout_s=self.timeout_s)
-        values = Values(policy_version=batch.policy_version, values=dispatch.merge(sh, [r["values"] for r in res]),
+        values = Values(policy_version=batch.policy_version, values=dispatch.merge(sh, [r.values for r in res]),
                         compute_s=0.0)
         return values, self._stats(res)
 
@@ -73,16 +73,16 @@ class CriticGroup(SPMDGroup):
         res = gather(refs, self.ids, stage="critic.update", timeout_s=self.timeout_s)
         return self._stats(res)
 
-    def _stats(self, res: list[dict]) -> CriticStats:
-        if len({r["checksum"] for r in res}) != 1:
+    def _stats(self, res: list[RankUpdate]) -> CriticStats:
+        if len({r.checksum for r in res}) != 1:
             raise RuntimeError("stage critic.update: critic ranks hold different weights after the update: " +
-                               ", ".join(f"{w}={r['checksum'][:12]}" for w, r in zip(self.ids, res)))
-        tok = max(1, sum(r["tok"] for r in res))
-        return CriticStats(value_loss=sum(r["loss"] for r in res) / tok, clip_fraction=sum(r["clip"] for r in res) / tok,
-                           values_mean=sum(r["vmean"] for r in res) / tok, grad_norm=res[0]["grad_norm"],
-                           version=res[0]["version"], weights_checksum=res[0]["checksum"],
-                           compute_s=max(r["compute_s"] for r in res), applied=res[0]["applied"],
-                           stopped=res[0]["stopped"])
+                               ", ".join(f"{w}={r.checksum[:12]}" for w, r in zip(self.ids, res)))
+        tok, first = max(1, sum(r.tokens for r in res)), res[0]
+        return CriticStats(value_loss=sum(r.loss for r in res) / tok,
+                           clip_fraction=sum(r.total("clip") for r in res) / tok,
+                           values_mean=sum(r.total("values") for r in res) / tok, grad_norm=first.grad_norm,
+                           version=first.version, weights_checksum=first.checksum,
+                           compute_s=max(r.compute_s for r in res), applied=first.applied, stopped=first.stopped)
 
     def _shard(self, b: CriticBatch, rows: list[int]) -> tuple[list[CriticBatch], int, int]:
         lengths = [len(b.prompt_ids[i]) + len(b.response_ids[i]) for i in rows]

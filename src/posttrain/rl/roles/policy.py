@@ -67,7 +67,7 @@ from posttrain.rl import weight_transfer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
-from posttrain.rl.types import ModelPut, TrainBatch
+from posttrain.rl.types import ModelPut, RankUpdate, TrainBatch
 from posttrain.rl.weight_sync import weights_checksum
 
 
@@ -121,7 +121,8 @@ class PolicyWorker(SPMDWorker):
         return [x.tolist() for x in lp], time.perf_counter() - t0
 
     def update(self, shard: TrainBatch | list[TrainBatch], global_tokens: int | list[int],
-               global_seqs: int | list[int], n_micro: int | list[int], drift_threshold: float = math.inf) -> dict:
+               global_seqs: int | list[int], n_micro: int | list[int], drift_threshold: float = math.inf
+               ) -> RankUpdate:
         """One update: `rl.inner_epochs` passes over this rank's shard, one optimizer step per mini-batch per
         pass. `shard` is one TrainBatch (one mini-batch) or one per mini-batch (`rl.mini_batches`), each with
         the GLOBAL token and sequence counts of its mini-batch and its number of micro-batches (the same on
@@ -163,8 +164,7 @@ class PolicyWorker(SPMDWorker):
                 self.opt.zero_grad(set_to_none=True)
         self.version += 1
         return_free_memory()
-        return {**sums, "grad_norm": grad_norm, "version": self.version, "drift": drift, "applied": True,
-                "stopped": "", "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+        return self._answer(sums, t0, drift, grad_norm, applied=True, stopped="")
 
     def _backward(self, shard: TrainBatch, lo: int, hi: int, norm: float, sync: bool) -> tuple:
         """Forward, GRPO loss and backward of rows lo:hi of the shard; DDP all-reduces the gradients only when
@@ -214,12 +214,17 @@ class PolicyWorker(SPMDWorker):
             return drift, f"loss is {group_loss} (policy group; rank {self.rank}'s {sums['loss']:.4g})"
         return drift, ""
 
-    def _stopped(self, sums: dict, t0: float, drift: float, why: str, grad_norm: float = 0.0) -> dict:
+    def _stopped(self, sums: dict, t0: float, drift: float, why: str, grad_norm: float = 0.0) -> RankUpdate:
         """The update's answer when a gate stopped it before the optimizer step: nothing changed."""
         self.opt.zero_grad(set_to_none=True)
         return_free_memory()
-        return {**sums, "grad_norm": grad_norm, "version": self.version, "drift": drift, "applied": False,
-                "stopped": why, "checksum": self.checksum(), "compute_s": time.perf_counter() - t0}
+        return self._answer(sums, t0, drift, grad_norm, applied=False, stopped=why)
+
+    def _answer(self, sums: dict, t0: float, drift: float, grad_norm: float, *, applied: bool,
+                stopped: str) -> RankUpdate:
+        return RankUpdate(loss=sums["loss"], sums=tuple((k, float(sums[k])) for k in ("pg", "kl", "clip", "ent")),
+                          tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version, checksum=self.checksum(),
+                          applied=applied, stopped=stopped, compute_s=time.perf_counter() - t0, drift=drift)
 
     def _set_lr(self) -> None:
         scale = warmup_scale(self.version, self.cfg.warmup_steps)

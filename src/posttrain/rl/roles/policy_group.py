@@ -47,17 +47,20 @@ class PolicyGroup(SPMDGroup):
             refs = [w.update.remote([mb[0][k] for mb in per_mb], *[[mb[1][c] for mb in per_mb] for c in range(3)],
                                     drift_threshold) for k, w in enumerate(self.workers)]
         res = gather(refs, self.ids, stage="policy.update", timeout_s=self.timeout_s)
-        if len({r["checksum"] for r in res}) != 1:
+        if len({r.checksum for r in res}) != 1:
             raise RuntimeError("stage policy.update: policy ranks hold different weights after the update: " +
-                               ", ".join(f"{w}={r['checksum'][:12]}" for w, r in zip(self.ids, res)))
-        tok = max(1, sum(r["tok"] for r in res))
-        self.version, self._checksum = res[0]["version"], res[0]["checksum"]
-        return UpdateStats(policy_version=self.version, loss=sum(r["loss"] for r in res),
-                           pg_loss=sum(r["pg"] for r in res) / tok, kl=sum(r["kl"] for r in res) / tok,
-                           entropy=sum(r["ent"] for r in res) / tok, clip_fraction=sum(r["clip"] for r in res) / tok,
-                           grad_norm=res[0]["grad_norm"], weights_checksum=res[0]["checksum"],
-                           drift=res[0]["drift"], applied=res[0]["applied"], stopped=res[0]["stopped"],
-                           compute_s=max(r["compute_s"] for r in res))
+                               ", ".join(f"{w}={r.checksum[:12]}" for w, r in zip(self.ids, res)))
+        tok = max(1, sum(r.tokens for r in res))
+
+        def mean(name: str) -> float:
+            return sum(r.total(name) for r in res) / tok
+
+        first = res[0]
+        self.version, self._checksum = first.version, first.checksum
+        return UpdateStats(policy_version=self.version, loss=sum(r.loss for r in res), pg_loss=mean("pg"),
+                           kl=mean("kl"), entropy=mean("ent"), clip_fraction=mean("clip"), grad_norm=first.grad_norm,
+                           weights_checksum=first.checksum, drift=first.drift, applied=first.applied,
+                           stopped=first.stopped, compute_s=max(r.compute_s for r in res))
 
     def weights(self) -> WeightsHandle:
         """The weights for rollout workers. Their checksum is the one the update reported (hashing the weights
