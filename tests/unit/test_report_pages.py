@@ -228,3 +228,25 @@ def test_data_prep_task_makes_a_deck_in_local_execution(tmp_path, monkeypatch):
     data_prep(cfg=DataConfig(num_examples=60, eval_size=10, num_digits=1, tokenizer=TokenizerConfig(train=False)),
               require_completions=True, run_id="deck")
     assert 'id="chart-prompt-length"' in written["data_prep"]["dataset"]
+
+
+def test_rl_page_draws_an_algorithms_own_metrics_and_its_phase_order(tmp_path):
+    from posttrain.artifacts import ArtifactStore
+    from tests.files import write_folder
+    from tests.report_inputs import rl_history
+
+    extra = {"critic/value_loss": 0.2, "critic/vf_explained_var": 0.5, "adv/mean": 0.0, "adv/std": 1.0}
+    phases = {"rollout": 0.3, "reward": 0.01, "critic": 0.5, "advantages": 0.01, "update": 0.6, "sync": 0.01}
+    history = [{**h, **extra, **{f"time/{k}_s": v for k, v in phases.items()}} for h in rl_history(3)]
+    for h in history:
+        h.pop("time/reference_s")
+    store = ArtifactStore(str(tmp_path / "store"))
+    ref = store.put("model", "ppo", write_folder(tmp_path, "ppo", {"w.txt": "ppo"}), run_id="r", parents=[],
+                    config={}, metrics=history[-1], extra={"algorithm": "ppo", "step": 3, "policy_version": 3,
+                                                           "history": history})
+    html = pages.rl_page(store, ref.id)
+    charts = _charts(html)
+    assert charts["algo-critic"] == {"critic-value-loss", "critic-vf-explained-var"}
+    assert charts["algo-adv"] == {"adv-mean", "adv-std"}
+    order = pages._phase_times(history, "ppo")
+    assert list(order) == ["rollout", "reward", "advantages", "critic", "update", "sync", "other"]
