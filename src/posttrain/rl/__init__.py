@@ -1,11 +1,15 @@
-"""GRPO post-training on Ray: one controller, four role groups, typed handoffs.
+"""On-policy RL on Ray (GRPO, PPO): one controller, role groups declared once, algorithms as loops, typed handoffs.
 
 Where to read what:
 - types.py        the frozen handoffs (PromptBatch -> Trajectories -> Rewards -> ... -> WeightReport) and the
                   Protocol each role group implements
-- controller.py   `Controller.step()`: the loop, top to bottom, with its dataflow diagram
-- roles/          one file per role: the worker and its group (shard -> .remote -> gather -> merge)
-- algorithms/     GRPO advantages and loss as pure tensor functions
+- roles/registry.py  every role declared once (worker, group, fan-out, handoffs, trains, KubeRay group, count)
+- loops/          one file per algorithm: its step, top to bottom (grpo.py, ppo.py); common.py: the shared
+                  phases with their gates
+- controller.py   `Controller`: resume, the algorithm's step, weight sync, metrics, checkpoints
+- roles/          one file per role: the worker and its group (shard -> .remote -> gather -> merge); spmd.py
+                  the training roles' shared SPMD machinery
+- algorithms/     GRPO's and PPO's advantages and losses as pure tensor functions
 - weight_sync.py  policy -> rollout version + checksum verification; rollout/policy drift check
 - placement.py    placement groups per role, sized to the cluster; the one place that applies ray.remote
 - state.py        checkpoints (model artifacts + resumable state) and the cursor-based prompt sampler

@@ -1,12 +1,15 @@
-"""Policy role, the worker side: N workers forming ONE torch.distributed group that run the same GRPO update -
-SPMD - on token-balanced shards of the batch (the controller side, which shards and gathers, is
-`policy_group.PolicyGroup`).
+"""Policy role, the worker side: N workers forming ONE torch.distributed group (`spmd.SPMDWorker`: DDP, ZeRO-1
+AdamW, state files) that run the same clipped policy-gradient update - SPMD - on token-balanced shards of the
+batch, whatever the algorithm: one advantage per sequence (GRPO) or per token (PPO), optionally dual-clipped
+(`rl.clip_ratio_c`). The controller side, which shards and gathers, is `policy_group.PolicyGroup`.
 
 Each rank computes its loss with `grpo.policy_loss(..., normalizer=GLOBAL tokens or sequences)` and scales it
 by world_size because DDP averages gradients; so the all-reduced gradient is exactly the gradient of the
 global-batch loss, however the batch was split. Every rank runs the same number of micro-batches (the group
-computes it), otherwise DDP's all-reduce would hang. `rl.inner_epochs` optimizer steps are taken per batch;
-after the first, the clipped importance ratio does its work. The policy version goes up by one per update.
+computes it), otherwise DDP's all-reduce would hang. `rl.inner_epochs` passes over the batch, each split into
+`rl.mini_batches` mini-batches (one optimizer step each; the group assigns rows by a seeded permutation and
+gives each mini-batch its own global normalizer); after the first step the clipped importance ratio does its
+work. The policy version goes up by one per update. Each rank answers with a frozen `RankUpdate`.
 
 `PolicyGroup.update` = dispatch.shard -> .remote on every rank -> gather -> reduce stats (and check that all
 ranks hold identical weights afterwards).
