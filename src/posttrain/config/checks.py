@@ -200,22 +200,10 @@ def _check_reward(w: RewardConfig, *, trained_model: bool = False) -> None:
 
 
 def _check_rl(r: RLConfig, m: ModelConfig) -> None:
-    ppo = r.algorithm == Algorithm.PPO
-    for name in ("kl_in_reward", "gamma", "lam", "critic_lr", "critic_warmup_steps", "critic_init", "value_clip"):
-        _check(ppo or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
-               f"only means something with rl.algorithm 'ppo' (this run: {r.algorithm.value!r})")
-    _check(0 <= r.gamma <= 1, "rl.gamma", "must be in [0, 1]")
-    _check(0 <= r.lam <= 1, "rl.lam", "must be in [0, 1]")
-    _check(r.critic_lr > 0, "rl.critic_lr", "must be > 0")
-    _check(r.critic_warmup_steps >= 0, "rl.critic_warmup_steps", "must be >= 0")
-    _check(r.critic_warmup_steps < r.steps, "rl.critic_warmup_steps", f"must be < rl.steps = {r.steps}")
-    _check(r.value_clip > 0, "rl.value_clip", "must be > 0")
-    _check(not r.kl_in_reward or r.kl_coef > 0, "rl.kl_in_reward", "needs rl.kl_coef > 0")
-    _check(r.clip_ratio_c == 0 or r.clip_ratio_c > 1, "rl.clip_ratio_c", "must be 0 (off) or > 1")
-    _check(r.mini_batches >= 1, "rl.mini_batches", "must be >= 1")
     _check(r.steps >= 1, "rl.steps", "must be >= 1")
     _check(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
-    _check(ppo or r.samples_per_prompt >= 2, "rl.samples_per_prompt", "must be >= 2 (GRPO needs a group)")
+    _check(r.algorithm == Algorithm.PPO or r.samples_per_prompt >= 2, "rl.samples_per_prompt",
+           "must be >= 2 (GRPO needs a group)")
     _check(r.samples_per_prompt >= 1, "rl.samples_per_prompt", "must be >= 1")
     _check(r.temperature > 0, "rl.temperature", "must be > 0")
     _check(r.max_new_tokens >= 1, "rl.max_new_tokens", "must be >= 1")
@@ -237,6 +225,20 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.step_timeout_s > 0, "rl.step_timeout_s", "must be > 0")
     _check(r.max_restarts >= 0, "rl.max_restarts", "must be >= 0")
     _check(r.rollout_backend != RolloutBackend.VLLM or vllm_installed(), "rl.rollout_backend", _NO_VLLM)
+    ppo = r.algorithm == Algorithm.PPO
+    for name in ("kl_in_reward", "gamma", "lam", "critic_lr", "critic_warmup_steps", "critic_init", "value_clip"):
+        _check(ppo or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
+               f"only means something with rl.algorithm 'ppo' (this run: {r.algorithm.value!r})")
+    _check(0 <= r.gamma <= 1, "rl.gamma", "must be in [0, 1]")
+    _check(0 <= r.lam <= 1, "rl.lam", "must be in [0, 1]")
+    _check(r.critic_lr > 0, "rl.critic_lr", "must be > 0")
+    _check(r.critic_warmup_steps >= 0, "rl.critic_warmup_steps", "must be >= 0")
+    _check(not ppo or r.critic_warmup_steps < r.steps, "rl.critic_warmup_steps",
+           f"must be < rl.steps = {r.steps} (the policy would never train)")
+    _check(r.value_clip > 0, "rl.value_clip", "must be > 0")
+    _check(not r.kl_in_reward or r.kl_coef > 0, "rl.kl_in_reward", "needs rl.kl_coef > 0")
+    _check(r.clip_ratio_c == 0 or r.clip_ratio_c > 1, "rl.clip_ratio_c", "must be 0 (off) or > 1")
+    _check(r.mini_batches >= 1, "rl.mini_batches", "must be >= 1")
 
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
