@@ -19,6 +19,7 @@ def pairs(cfg: PairsConfig, reward: RewardConfig, *, model: ArtifactRef, dataset
     from posttrain.pairs import make_pairs
 
     store = store or ArtifactStore()
+    reward = reward.function_only()  # pairs are scored by the function or verifier alone
     key = store.cache_key("pairs", to_dict(cfg), to_dict(reward), model.id, dataset.id,
                           source_digest("pairs.py", "eval", "models", "rewards.py", "data/verifiers.py"))
     hit = store.cache_get(key)

@@ -265,6 +265,7 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
     from posttrain.eval import evaluate as run_eval
 
     store = store or ArtifactStore()
+    reward = reward.function_only()  # evaluation scores with the function or verifier alone
     key = store.cache_key("eval", to_dict(cfg), to_dict(reward), model.id, dataset.id,
                           source_digest("eval", "models", "rewards.py", "data/verifiers.py", "data/examples.py"))
     ref = store.cache_get(key)

@@ -6,7 +6,7 @@ rules on which values and combinations are allowed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from posttrain.config.enums import (
     Algorithm,
@@ -234,6 +234,11 @@ class RewardConfig:
     function score + sum of model_weights[i] x model i's score. 0 with `models` set: the models are the only
     reward, and the function's score is still computed and logged (reward/fn_mean, reward/fn_accuracy) to
     watch what the models reward."""
+
+    def function_only(self) -> "RewardConfig":
+        """These settings without the reward models and their mix: what evaluation and pair scoring use (they
+        score with the function or verifier alone), so their caches do not depend on RL's reward mix."""
+        return replace(self, models=[], model_weights=[], fn_weight=1.0)
 
 
 @dataclass(frozen=True, kw_only=True)
