@@ -33,6 +33,10 @@ NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
                                                                 "test_dense_pipelines_e2e.py runs it shortened, "
                                                                 "twice (a changed dpo.beta re-runs DPO only)",
     ".venv/bin/pyflyte run workflows/pipeline.py reward_model_pipeline": "test_dense_pipelines_e2e.py, shortened",
+    ".venv/bin/pyflyte run workflows/pipeline.py rlhf_pipeline": "SFT, pairs, a reward model and 100 PPO steps "
+                                                                 "(minutes): test_dense_pipelines_e2e.py runs it "
+                                                                 "shortened; bench/default_seeds.py --workflow "
+                                                                 "rlhf_pipeline measures it",
     ".venv/bin/pyflyte run workflows/pipeline.py distill_pipeline": "2,000 distillation steps: "
                                                                     "test_dense_pipelines_e2e.py runs it shortened",
     ".venv/bin/wandb login": "interactive, needs a wandb account (the sync after it is run with --dry-run)",
