@@ -92,9 +92,13 @@ def tiny_cpu_ppo() -> PipelineConfig:
 def tiny_cpu_rlhf() -> PipelineConfig:
     """tiny_cpu_ppo for rlhf_pipeline: the reward model it trains from preference pairs of the SFT model's own
     samples is the ONLY reward (`reward.fn_weight` 0); the task's verifier still scores every sample for the
-    logs (reward/fn_accuracy) and scores the final evaluation."""
+    logs (reward/fn_accuracy) and scores the final evaluation. A KL penalty to the SFT model sits in the reward
+    (`rl.kl_coef` 0.1, `rl.kl_in_reward`), as in classic RLHF: without it PPO over-optimised the reward model
+    (seed 0: its score rose all run long while the verifier's training accuracy peaked at 0.75 around step 40
+    and fell to 0.34; held-out greedy 0.434 -> 0.356); with it, 0.434 -> 0.792."""
     base = tiny_cpu_ppo()
-    return replace(base, name="tiny_cpu_rlhf", reward=replace(base.reward, fn_weight=0.0))
+    return replace(base, name="tiny_cpu_rlhf", reward=replace(base.reward, fn_weight=0.0),
+                   rl=replace(base.rl, kl_coef=0.1, kl_in_reward=True))
 
 
 def tiny_cpu_long() -> PipelineConfig:
