@@ -39,6 +39,23 @@ class NonFiniteError(RuntimeError):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PolicyGradientRoles:
+    """The role groups every policy-gradient loop reads; an algorithm's own `Roles` adds to these (PPO: critic).
+    The groups' Protocols are in rl.types."""
+
+    rollout: object
+    """RolloutGroup."""
+    reward: object
+    """RewardGroup."""
+    policy: object
+    """PolicyGroup."""
+    reference: object | None = None
+    """ReferenceGroup: present exactly when rl.kl_coef > 0."""
+    reward_model: object | None = None
+    """posttrain.rl.roles.reward_model.RewardModelGroup: present exactly when reward.models is set."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepRun:
     step: int
     """1-based number of the step being run."""

@@ -18,6 +18,7 @@ import torch
 from posttrain.config import RLConfig
 from posttrain.rl.algorithms.grpo import group_advantages
 from posttrain.rl.loops.common import (
+    PolicyGradientRoles,
     StepOutcome,
     StepRun,
     generate,
@@ -25,18 +26,12 @@ from posttrain.rl.loops.common import (
     score,
     update_policy,
 )
-from posttrain.rl.types import PolicyGroup, PromptBatch, ReferenceGroup, RewardGroup, RolloutGroup, TrainBatch
+from posttrain.rl.types import PromptBatch, TrainBatch
 
 
 @dataclass(frozen=True, kw_only=True)
-class GRPORoles:
-    rollout: RolloutGroup
-    reward: RewardGroup
-    policy: PolicyGroup
-    reference: ReferenceGroup | None = None
-    """Present exactly when rl.kl_coef > 0."""
-    reward_model: object | None = None
-    """posttrain.rl.roles.reward_model.RewardModelGroup: present exactly when reward.models is set."""
+class GRPORoles(PolicyGradientRoles):
+    """GRPO reads only the common roles: no critic, the group's statistics are the baseline."""
 
 
 class GRPO:

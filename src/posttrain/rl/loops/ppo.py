@@ -30,6 +30,7 @@ from posttrain.config import RLConfig
 from posttrain.rl.algorithms import ppo
 from posttrain.rl.loops.common import (
     NonFiniteError,
+    PolicyGradientRoles,
     StepOutcome,
     StepRun,
     check_finite,
@@ -39,20 +40,13 @@ from posttrain.rl.loops.common import (
     update_policy,
 )
 from posttrain.rl.roles.critic import CriticBatch, CriticFit
-from posttrain.rl.types import PolicyGroup, PromptBatch, ReferenceGroup, RewardGroup, RolloutGroup, TrainBatch
+from posttrain.rl.types import PromptBatch, TrainBatch
 
 
 @dataclass(frozen=True, kw_only=True)
-class PPORoles:
-    rollout: RolloutGroup
-    reward: RewardGroup
-    policy: PolicyGroup
+class PPORoles(PolicyGradientRoles):
     critic: object
-    """posttrain.rl.roles.critic_group.CriticGroup (values, update, save_state, load_state)."""
-    reference: ReferenceGroup | None = None
-    """Present exactly when rl.kl_coef > 0."""
-    reward_model: object | None = None
-    """posttrain.rl.roles.reward_model.RewardModelGroup: present exactly when reward.models is set."""
+    """posttrain.rl.roles.critic_group.CriticGroup (values, fit, update, save_state, load_state)."""
 
 
 class PPO:
