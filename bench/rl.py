@@ -24,7 +24,8 @@ Sections (`--sections placement,engines,trl,ppo`; default all; each ends with th
   sides use the same transformers. The full-size section runs the recipe's 100 steps (~15-25 min on 2 cores).
 - ppo (bench/rl_ppo.py): the project's PPO (tiny_cpu_ppo recipe) against its GRPO (tiny_cpu) from the same
   cached SFT model at the same batch: median step time and phases, held-out greedy and sampled gain, PPO / GRPO
-  step-time ratio; and whether the pinned TRL has a PPO trainer to compare with (1.16.0 has none).
+  step-time ratio within each of 3 GRPO/PPO pairs run in turn (--ppo-reps), against the ratio the extra critic
+  work predicts; and whether the pinned TRL has a PPO trainer to compare with (1.16.0 has none).
 Run on an otherwise idle machine: Ray workers run at nice 15, so any other process takes their CPU first.
 """
 
@@ -136,10 +137,10 @@ def trl_section(steps: int | None, threads: int) -> None:
           f"{'met' if ratio >= 1.5 and gain_p >= gain_t else 'not met'}")
 
 
-def ppo_section(steps: int | None) -> None:
+def ppo_section(steps: int | None, reps: int) -> None:
     import rl_ppo
 
-    rl_ppo.print_section(rl_ppo.compare(steps))
+    rl_ppo.print_section(rl_ppo.compare(steps, reps))
 
 
 def versions() -> str:
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trl-steps", type=int, default=0, help="trl section: RL steps (0: the recipe's own, 100)")
     ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     ap.add_argument("--ppo-steps", type=int, default=0, help="ppo section: RL steps (0: the recipes' own, 100)")
+    ap.add_argument("--ppo-reps", type=int, default=3, help="ppo section: GRPO/PPO pairs of runs, in turn")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
     if unknown := set(sections) - set(SECTIONS):
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "trl":
             trl_section(args.trl_steps or None, args.trl_threads)
         elif name == "ppo":
-            ppo_section(args.ppo_steps or None)
+            ppo_section(args.ppo_steps or None, args.ppo_reps)
         print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     load1 = os.getloadavg()
     print(f"\nload average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "

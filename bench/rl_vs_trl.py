@@ -90,7 +90,8 @@ def run_project(recipe, rl_cfg, store, model_ref, ds_ref) -> dict:
         total = time.perf_counter() - t0
     steps = [h.step_s for h in res.history]
     return {"model": res.model, "wall_s": sum(steps), "total_s": total, "step_s": steps,
-            "tokens": sum(h.generated_tokens for h in res.history), "reward_mean": [h.reward_mean for h in res.history]}
+            "tokens": sum(h.generated_tokens for h in res.history), "reward_mean": [h.reward_mean for h in res.history],
+            "history": res.history}
 
 
 def trl_prompts(recipe, rl_cfg, model_dir: Path, ds_dir: Path) -> list[dict]:

@@ -153,6 +153,8 @@ class FakeRewardGroup:
     """Score 1 when the response starts with the answer token. `fail_prompt_token` makes the scoring
     function raise for prompts ending in that token: the group records the failure and scores 0."""
 
+    weight = 1.0  # reward.fn_weight
+
     def __init__(self, fail_prompt_token: int | None = None):
         self.fail_prompt_token = fail_prompt_token
 

@@ -303,7 +303,8 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
        model_cfg: ModelConfig | None = None, store: ArtifactStore | None = None,
        reward_model: ArtifactRef | None = None) -> ArtifactRef:
     """RL (`rl.algorithm`) from `start_model` on the dataset's train prompts; returns the final RL `model`
-    artifact, whose parents are the start model, the dataset and every reward model of `reward.models`.
+    artifact, whose parents are the start model, the dataset and every model a role reads (`reward.models`,
+    `rl.critic_init`: rl.model_inputs).
     `reward_model`: a reward model a workflow trained (rlhf_pipeline), scoring first with weight 1.0 before
     those of `reward.models`.
 
@@ -312,22 +313,21 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     deleted once the final model is stored, unless `rl.keep_state`. `model_cfg` gives the workers their
     dtype and gradient checkpointing (None: fp32, no checkpointing).
     """
+    from posttrain.rl import model_inputs
     from posttrain.rl.run import run_rl
 
     store = store or ArtifactStore()
     if not rl_cfg.enabled:
         print("rl: disabled (rl.enabled=false): passing the start model through")
         return start_model
-    # reward.models as stored artifacts (a folder by content, a channel by what it holds now): the key and the
-    # lineage name them by id - a content hash -, the actors read their folders
-    rm_refs = [model_ref(m, f"reward.models[{i}]", run_id=run_id, store=store,
-                                    kinds=("reward_model", "model")) for i, m in enumerate(reward.models)]
     if reward_model is not None:
-        rm_refs = [reward_model, *rm_refs]
         reward = replace(reward, models=[reward_model.id, *reward.models],
                          model_weights=[1.0, *(reward.model_weights or [1.0] * len(reward.models))])
-    reward_ids = replace(reward, models=[r.id for r in rm_refs])
-    key = store.cache_key("rl", _without_keep_state(rl_cfg), to_dict(reward_ids), to_dict(placement), max_seq_len,
+    # every model a role reads (reward.models, rl.critic_init) as a stored artifact: the key and the lineage
+    # name them by id - a content hash -, the actors read their folders
+    models = model_inputs.resolve(rl_cfg, reward, run_id=run_id, store=store)
+    key = store.cache_key("rl", _without_keep_state(models.rl_ids), to_dict(models.reward_ids), to_dict(placement),
+                          max_seq_len,
                           (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
                           start_model.id, dataset.id, source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
     hit = store.cache_get(key)
@@ -342,13 +342,13 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     print(f"rl: state in {state}", flush=True)
     wandb_run = WandbRun.for_stage(tracking, stage="rl", run_id=run_id, store=store,
                                    inputs={"start_model": start_model.id, "dataset": dataset.id,
-                                           **{f"reward_model_{i}": r.id for i, r in enumerate(rm_refs)}},
+                                           **{name: r.id for name, r in models.refs.items()}},
                                    settings={"rl": rl_cfg, "reward": reward, "placement": placement,
                                              "max_seq_len": max_seq_len, "model": model_cfg})
-    result = run_rl(rl_cfg=rl_cfg, reward_cfg=replace(reward, models=[str(store.get(r)) for r in rm_refs]),
+    result = run_rl(rl_cfg=models.rl, reward_cfg=models.reward,
                     model_cfg=model_cfg, placement_cfg=placement, max_seq_len=max_seq_len,
                     tracking_cfg=tracking, start_model_dir=start_dir, dataset_dir=ds_dir, store_root=str(store.root),
-                    run_id=run_id, parents=[start_model.id, dataset.id, *[r.id for r in rm_refs]],
+                    run_id=run_id, parents=[start_model.id, dataset.id, *[r.id for r in models.refs.values()]],
                     state_dir=state.location,
                     start_model_id=start_model.id, wandb_run=wandb_run)
     store.cache_put(key, result.model)

@@ -54,7 +54,7 @@ def test_a_reward_model_scores_like_its_own_pooled_forward_in_any_split(rm_dir):
         workers = [RewardModelWorker([str(rm_dir)], r, n, batch_size=3) for r in range(n)]
         g = RewardModelGroup([LocalActor(w) for w in workers], [w.identity() for w in workers], 60, [str(rm_dir)])
         got = g.score(t)
-        assert got.models == [str(rm_dir)] and len(got.scores) == 1
+        assert got.sources == [str(rm_dir)] and got.names == ["model0"] and len(got.scores) == 1
         assert max(abs(a - b) for a, b in zip(got.scores[0], want)) < 1e-5
 
 
@@ -82,7 +82,7 @@ def test_the_controller_trains_on_the_weighted_mix_and_reports_the_verifier(rm_d
     cfg = RLConfig(steps=1, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=3, checkpoint_every=0)
     groups = make_fake_groups(cfg)
     w = RewardModelWorker([str(rm_dir)], 0, 1)
-    rm = RewardModelGroup([LocalActor(w)], [w.identity()], 60, [str(rm_dir)], weights=[weight], fn_weight=fn_weight)
+    rm = RewardModelGroup([LocalActor(w)], [w.identity()], 60, [str(rm_dir)], weights=[weight])
     seen = {}
 
     class Spy(type(rm)):
@@ -100,6 +100,7 @@ def test_the_controller_trains_on_the_weighted_mix_and_reports_the_verifier(rm_d
         return fn_scores["v"]
 
     groups["reward"].score = spy_fn
+    groups["reward"].weight = fn_weight  # reward.fn_weight (the registry passes it to the reward group)
     c = Controller(cfg, groups, fake_sampler(cfg), NullTracker(), None)
     (m,) = c.run(1)
     fn, model = fn_scores["v"].scores, seen["scores"].scores[0]
@@ -120,3 +121,34 @@ def test_reward_settings_are_checked_before_any_work():
                           (RewardConfig(models=[" "]), "reward.models")]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             validate(replace(base, reward=reward), ())  # the plain pipeline: no reward model is trained
+
+
+def test_a_new_scoring_role_is_one_registry_row(monkeypatch):
+    """The extension point the reward model uses: a row with `scores=True` and a group with score/weighted is
+    asked by every loop's score phase - here a length judge no loop or controller code names."""
+    from posttrain.rl.controller import Controller
+    from posttrain.rl.roles import registry
+    from posttrain.rl.types import Scores
+    from tests.rl_fakes import NullTracker, fake_sampler, make_fake_groups
+
+    class LengthJudge:
+        role = "judge"
+
+        def identities(self):
+            return []
+
+        def score(self, t):
+            return Scores(policy_version=t.policy_version, names=["judge"], sources=["length"],
+                          scores=[[float(len(r)) for r in t.response_ids]], compute_s=0.0)
+
+        def weighted(self, s):
+            return [-0.1 * x for x in s.scores[0]]
+
+    monkeypatch.setitem(registry.ROLES, "judge", replace(registry.ROLES["reward_model"], name="judge"))
+    cfg = RLConfig(steps=1, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=3, checkpoint_every=0)
+    groups = make_fake_groups(cfg)
+    groups["judge"] = LengthJudge()
+    (m,) = Controller(cfg, groups, fake_sampler(cfg), NullTracker(), None).run(1)
+    assert m.extra["reward/judge_mean"] == m.response_len_mean > 0
+    assert abs(m.reward_mean - (m.extra["reward/fn_mean"] - 0.1 * m.response_len_mean)) < 1e-6
+    assert "judge" in m.phase_s

@@ -298,7 +298,8 @@ class RLConfig:
     """PPO: the first this many steps train only the critic (the policy keeps its weights and version)."""
     critic_init: str = ""
     """PPO: where the critic starts: "" = the policy's start model with a fresh value head (seeded by
-    rl.seed), or a folder holding a sequence-classification model with one output (a reward model)."""
+    rl.seed), or a reward model - an artifact id (or unique prefix), `channel:NAME` or a local folder holding a
+    sequence-classification model with one output -, named in the RL model's lineage."""
     value_clip: float = 0.5
     """PPO: the clipped value loss's range around the rollout's values (verl's cliprange_value)."""
     loss_agg: LossAgg = LossAgg.TOKEN_MEAN

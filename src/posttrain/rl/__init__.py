@@ -14,6 +14,7 @@ Where to read what:
 - placement.py    placement groups per role, sized to the cluster; the one place that applies ray.remote
 - state.py        checkpoints (model artifacts + resumable state) and the cursor-based prompt sampler
 - metrics.py      StepMetrics, orchestration overhead, console + wandb
+- model_inputs.py the models roles read through settings (reward.models, rl.critic_init), stored for lineage
 - run.py          `run_rl(...)`: the entry point the Flyte Ray task calls
 
 Nothing is imported here, so `import posttrain.rl.types` stays light (no Ray, no transformers).

@@ -91,6 +91,22 @@ class Rewards:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Scores:
+    """A scoring role's answer (a registry row with `scores=True`, e.g. the learned reward models): named
+    columns of per-sample scores, which its group weighs (`ScoringGroup.weighted`) into the step's reward."""
+
+    policy_version: int
+    """Version of the trajectories they score."""
+    names: list[str]
+    """(M,) column names: the metric `reward/<name>_mean` and the name in a non-finite error ("model0")."""
+    sources: list[str]
+    """(M,) what produced each column, as the settings name it (a reward model's folder or artifact id)."""
+    scores: list[list[float]]
+    """(M, B) column m's score of sample b."""
+    compute_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class LogProbs:
     policy_version: int
     """Version of the trajectories they were computed for."""
@@ -215,6 +231,24 @@ class RewardGroup(Protocol):
         ...
 
     def score(self, trajectories: Trajectories) -> Rewards: ...
+
+    weight: float
+    """reward.fn_weight: the functions' weight in the step's reward (1 unless a scoring role adds its own)."""
+
+
+class ScoringGroup(Protocol):
+    """A role that scores samples beside the reward functions (registry `scores=True`): every loop's score phase
+    asks each one and adds its weighted scores to the functions' (loops.common.score)."""
+
+    role: str
+
+    def identities(self) -> list[WorkerId]: ...
+
+    def score(self, trajectories: Trajectories) -> Scores: ...
+
+    def weighted(self, scores: Scores) -> list[float]:
+        """(B,) this role's share of each sample's reward (e.g. sum over models of weight x score)."""
+        ...
 
 
 class ReferenceGroup(Protocol):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from posttrain.rl.roles.registry import scoring_roles
+
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmSpec:
@@ -19,11 +21,13 @@ class AlgorithmSpec:
     """The phases of one step in the order they run (`run.phase(name)`; "sync" is the controller's)."""
 
 
+SCORE_PHASES = ("reward", *scoring_roles())
+"""The reward functions, then every scoring role of the registry (loops.common.score)."""
+
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     "grpo": AlgorithmSpec(loop="posttrain.rl.loops.grpo:GRPO",
-                          phases=("rollout", "reward", "reward_model", "reference", "advantages", "update",
-                                  "sync")),
+                          phases=("rollout", *SCORE_PHASES, "reference", "advantages", "update", "sync")),
     "ppo": AlgorithmSpec(loop="posttrain.rl.loops.ppo:PPO",
-                         phases=("rollout", "reward", "reward_model", "reference", "values", "advantages",
-                                 "critic", "update", "sync")),
+                         phases=("rollout", *SCORE_PHASES, "reference", "values", "advantages", "critic", "update",
+                                 "sync")),
 }

@@ -2,7 +2,7 @@
 a gate: generate -> score -> reference log-probs -> (the algorithm's own advantages) -> update the policy.
 
     traj = generate(roles.rollout, prompts, cfg, run)              # version + finite log-probs checked
-    rewards = score(roles.reward, traj, cfg, run)                  # failure rate + finite scores checked
+    rewards, metrics = score(roles.reward, traj, cfg, run, scorers=roles.scorers)  # failures + finite checked
     ref = reference_logprobs(roles.reference, traj, cfg, run)      # None without a reference role
     stats = update_policy(roles.policy, batch, cfg, run, rollout=roles.rollout)  # drift + applied + version
 
@@ -51,8 +51,9 @@ class PolicyGradientRoles:
     """PolicyGroup."""
     reference: object | None = None
     """ReferenceGroup: present exactly when rl.kl_coef > 0."""
-    reward_model: object | None = None
-    """posttrain.rl.roles.reward_model.RewardModelGroup: present exactly when reward.models is set."""
+    scorers: tuple = ()
+    """The run's scoring groups (registry rows with `scores=True`, e.g. the learned reward models; rl.types.
+    ScoringGroup), in ROLES order: `score` adds each one's weighted scores to the functions'."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,26 +90,30 @@ def generate(rollout, prompts: PromptBatch, cfg: RLConfig, run: StepRun) -> Traj
     return traj
 
 
-def score(reward, traj: Trajectories, cfg: RLConfig, run: StepRun, *, models=None) -> tuple[Rewards, dict]:
-    """The samples' rewards and their metrics: the reward function's (or verifier's) scores, mixed with the
-    learned reward models' when the run has a reward-model role (`models`: fn_weight x function score + the
-    models' weighted scores). The function's own mean and accuracy are always reported (reward/fn_mean,
-    reward/fn_accuracy), so a run trained on models alone still shows what the verifier thinks."""
+def score(reward, traj: Trajectories, cfg: RLConfig, run: StepRun, *, scorers=()) -> tuple[Rewards, dict]:
+    """The samples' rewards and their metrics: the reward functions' (or verifier's) scores x `reward.weight`
+    (reward.fn_weight) plus every scoring role's weighted scores (`scorers`, each timed as its own phase). The
+    functions' own mean and accuracy are always reported (reward/fn_mean, reward/fn_accuracy), so a run trained
+    on a reward model alone still shows what the verifier thinks; each scorer column's mean as reward/<name>_mean."""
     with run.phase("reward"):
         rewards = reward.score(traj)
     check_reward_failures(rewards, step=run.step, max_rate=cfg.max_reward_failure_rate)
     check_finite("rewards", rewards.scores, step=run.step)
     fn = rewards.scores
     metrics = {"reward/fn_mean": sum(fn) / len(fn), "reward/fn_accuracy": sum(s >= 1.0 for s in fn) / len(fn)}
-    if models is None:
+    if not scorers:
         return rewards, metrics
-    with run.phase("reward_model"):
-        ms = models.score(traj)
-    for name, s in zip(ms.models, ms.scores):
-        check_finite(f"reward model {name} scores", s, step=run.step)
-        metrics[f"reward/model{ms.models.index(name)}_mean"] = sum(s) / len(s)
-    mixed = Rewards(policy_version=rewards.policy_version, scores=models.combine(fn, ms), failures=rewards.failures,
-                    scorer=rewards.scorer, compute_s=rewards.compute_s + ms.compute_s)
+    total, compute_s = [reward.weight * f for f in fn], rewards.compute_s
+    for scorer in scorers:
+        with run.phase(scorer.role):
+            sc = scorer.score(traj)
+        for name, source, col in zip(sc.names, sc.sources, sc.scores):
+            check_finite(f"{scorer.role} {name} ({source}) scores", col, step=run.step)
+            metrics[f"reward/{name}_mean"] = sum(col) / len(col)
+        total = [a + b for a, b in zip(total, scorer.weighted(sc))]
+        compute_s += sc.compute_s
+    mixed = Rewards(policy_version=rewards.policy_version, scores=total, failures=rewards.failures,
+                    scorer=rewards.scorer, compute_s=compute_s)
     return mixed, metrics
 
 

@@ -43,7 +43,7 @@ class GRPO:
     def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
         cfg, r = self.cfg, self.roles
         traj = generate(r.rollout, prompts, cfg, run)
-        rewards, reward_metrics = score(r.reward, traj, cfg, run, models=r.reward_model)
+        rewards, reward_metrics = score(r.reward, traj, cfg, run, scorers=r.scorers)
         ref = reference_logprobs(r.reference, traj, cfg, run)
         with run.phase("advantages"):
             adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,

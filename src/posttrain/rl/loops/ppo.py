@@ -58,7 +58,7 @@ class PPO:
     def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
         cfg, r = self.cfg, self.roles
         traj = generate(r.rollout, prompts, cfg, run)
-        rewards, reward_metrics = score(r.reward, traj, cfg, run, models=r.reward_model)
+        rewards, reward_metrics = score(r.reward, traj, cfg, run, scorers=r.scorers)
         ref = reference_logprobs(r.reference, traj, cfg, run)
         mask = _mask(traj.response_ids)  # (B, R)
         kl = _pad(traj.logprobs, mask) - _pad(ref.values, mask) if cfg.kl_in_reward else None  # k1 (B, R)

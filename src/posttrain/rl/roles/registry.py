@@ -4,8 +4,10 @@ where it is placed. Everything that used to name roles reads this table instead:
     reader                                   reads
     placement.plan_placement                 role_counts(settings) (worker counts), kuberay_group
     rl.run (actor start-up, restarts)        worker (import path), worker_args, group, enabled
+    rl.model_inputs (stages.rl: lineage)     reads_models: the settings naming models it loads
     Checkpointer (save, resume)              trains: every training role's state is saved and restored
     Controller (the algorithm's handles)     the built groups by name; an algorithm picks the ones it reads
+    loops.common.score                       scores: every scoring role's weighted scores join the reward
     metrics / Decks                          the phase and compute names are the role names
 
 A role is one row of ROLES (a plain dict you can grep). Adding one means: its worker and group (own files),
@@ -63,6 +65,23 @@ class GroupContext:
     weights_folder: str
 
 
+@dataclass(frozen=True)
+class ModelSetting:
+    """A setting through which a role reads models (an artifact id or unique prefix, a local HF folder, or
+    `channel:NAME`; a list of them, or "" for none): rl.model_inputs stores each before the run, so the RL
+    model's lineage and the stage's cache key name it by id and the workers get the stored folder."""
+
+    section: str
+    """"rl" or "reward"."""
+    field: str
+    kinds: tuple[str, ...] = ("model",)
+    """The artifact kinds it accepts."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.field}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RoleSpec:
     name: str
@@ -87,6 +106,11 @@ class RoleSpec:
     """(settings, rank, world size) -> the worker's constructor arguments."""
     group_args: Callable[[GroupContext], dict] = lambda ctx: {}
     """Keyword arguments of the group's constructor beyond (workers, ids, timeout_s)."""
+    reads_models: tuple[ModelSetting, ...] = ()
+    """The settings that name models it loads (stored and put in the RL model's lineage by rl.model_inputs)."""
+    scores: bool = False
+    """True: it scores samples beside the reward functions (types.ScoringGroup). Every loop's score phase asks
+    each such role, in ROLES order, and adds its weighted scores to the reward - no loop names it."""
 
 
 def _gen_threads(s: RunSettings) -> int:
@@ -117,17 +141,18 @@ ROLES: dict[str, RoleSpec] = {
         fan_out={"check_arguments": FanOut.ONE, "score": FanOut.SPLIT_EVEN},
         takes=("Trajectories",), returns=("Rewards",), trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reward_workers, enabled=lambda s: True,
-        worker_args=lambda s, rank, n: (s.reward, rank, n)),
+        worker_args=lambda s, rank, n: (s.reward, rank, n),
+        group_args=lambda ctx: {"weight": ctx.settings.reward.fn_weight}),
     "reward_model": RoleSpec(
         name="reward_model", worker="posttrain.rl.roles.reward_model:RewardModelWorker",
         group="posttrain.rl.roles.reward_model:RewardModelGroup",
-        fan_out={"score": FanOut.SPLIT_TOKENS}, takes=("Trajectories",), returns=("ModelScores",), trains=False,
+        fan_out={"score": FanOut.SPLIT_TOKENS}, takes=("Trajectories",), returns=("Scores",), trains=False,
         kuberay_group="train", workers=lambda s: s.placement.reward_model_workers,
         enabled=lambda s: bool(s.reward.models),
         worker_args=lambda s, rank, n: (s.reward.models, rank, n, s.model, _gen_threads(s)),
         group_args=lambda ctx: {"models": ctx.settings.reward.models,
-                                "weights": ctx.settings.reward.model_weights or [1.0] * len(ctx.settings.reward.models),
-                                "fn_weight": ctx.settings.reward.fn_weight}),
+                                "weights": ctx.settings.reward.model_weights or [1.0] * len(ctx.settings.reward.models)},
+        reads_models=(ModelSetting("reward", "models", kinds=("reward_model", "model")),), scores=True),
     "reference": RoleSpec(
         name="reference", worker="posttrain.rl.roles.reference:ReferenceWorker",
         group="posttrain.rl.roles.reference:ReferenceGroup",
@@ -157,7 +182,8 @@ ROLES: dict[str, RoleSpec] = {
                                         s.placement.torch_threads),
         group_args=lambda ctx: {"micro_batch_size": ctx.settings.rl.micro_batch_size,
                                 "mini_batches": ctx.settings.rl.mini_batches, "seed": ctx.settings.rl.seed,
-                                "epochs": ctx.settings.rl.inner_epochs}),
+                                "epochs": ctx.settings.rl.inner_epochs},
+        reads_models=(ModelSetting("rl", "critic_init", kinds=("reward_model", "model")),)),
 }
 """Role name -> declaration, in the order roles start and phases run."""
 
@@ -190,6 +216,16 @@ def build_group(spec: RoleSpec, workers: list, ids: list, ctx: GroupContext) -> 
     return group
 
 
+def scoring_roles() -> tuple[str, ...]:
+    """The roles that score samples beside the reward functions, in ROLES order."""
+    return tuple(name for name, spec in ROLES.items() if spec.scores)
+
+
+def scoring_groups(groups: dict[str, Any]) -> tuple[Any, ...]:
+    """This run's scoring groups (types.ScoringGroup), in ROLES order: what loops read as `scorers`."""
+    return tuple(groups[name] for name in scoring_roles() if groups.get(name) is not None)
+
+
 def training_roles(groups: dict[str, Any]) -> dict[str, Any]:
     """The groups of the roles that train (checkpointed and restored), in ROLES order, the policy first."""
     return {name: g for name, g in groups.items() if ROLES.get(name) is not None and ROLES[name].trains}
@@ -199,6 +235,7 @@ __all__ = [
     "ROLES",
     "FanOut",
     "GroupContext",
+    "ModelSetting",
     "RoleSpec",
     "RunSettings",
     "active_roles",
@@ -206,5 +243,7 @@ __all__ = [
     "kuberay_group",
     "load",
     "role_counts",
+    "scoring_groups",
+    "scoring_roles",
     "training_roles",
 ]

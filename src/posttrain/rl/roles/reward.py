@@ -52,8 +52,9 @@ class RewardWorker:
 class RewardGroup:
     """Fan-out over reward workers: shard trajectories -> .remote -> gather -> merge in order."""
 
-    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float):
-        self.workers, self.ids, self.timeout_s = workers, ids, timeout_s
+    def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, weight: float = 1.0):
+        """`weight`: reward.fn_weight, the functions' weight in the step's reward (loops.common.score)."""
+        self.workers, self.ids, self.timeout_s, self.weight = workers, ids, timeout_s, weight
 
     def identities(self) -> list[WorkerId]:
         return list(self.ids)

@@ -10,15 +10,14 @@ remote timeout and merges in order. Every worker holds every model of `reward.mo
 worker's device (`local_device()`: the GPU Ray assigned it, else CPU), in bf16 on CUDA when model.dtype is
 BF16. A non-finite score is not a failure to tolerate: the controller stops the step before the update.
 
-How the scores become the reward: loops.common.score, `reward.fn_weight * function score + sum of
-reward.model_weights[i] * model i's score`.
+How the scores become the reward: the registry row says `scores=True`, so every loop's score phase
+(loops.common.score) asks this group and adds `weighted` - the sum of reward.model_weights[i] x model i's score -
+to reward.fn_weight x the functions' score. Nothing else names this role.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
 import torch
 
 from posttrain.config import DType, ModelConfig
@@ -27,18 +26,7 @@ from posttrain.models.reward_model import load_reward_model, score_conversations
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
-from posttrain.rl.types import Trajectories, WorkerId
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelScores:
-    policy_version: int
-    """Version of the trajectories they score."""
-    models: list[str]
-    """(M,) the models, as reward.models names them."""
-    scores: list[list[float]]
-    """(M, B) model m's score of sample b."""
-    compute_s: float
+from posttrain.rl.types import Scores, Trajectories, WorkerId
 
 
 class RewardModelWorker:
@@ -75,19 +63,21 @@ class RewardModelWorker:
 
 
 class RewardModelGroup:
-    """Fan-out over reward-model workers: length-balanced shards -> .remote -> gather -> merge in order."""
+    """Fan-out over reward-model workers: length-balanced shards -> .remote -> gather -> merge in order. A
+    scoring group (types.ScoringGroup)."""
+
+    role = "reward_model"
 
     def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, models: list[str],
-                 weights: list[float] | None = None, fn_weight: float = 1.0):
-        """`weights` (one per model; default 1.0 each) and `fn_weight`: how `combine` mixes the scores."""
+                 weights: list[float] | None = None):
+        """`weights`: one per model (default 1.0 each), how `weighted` mixes their scores."""
         self.workers, self.ids, self.timeout_s, self.models = workers, ids, timeout_s, list(models)
         self.weights = list(weights) if weights else [1.0] * len(self.models)
-        self.fn_weight = fn_weight
 
     def identities(self) -> list[WorkerId]:
         return list(self.ids)
 
-    def score(self, trajectories: Trajectories) -> ModelScores:
+    def score(self, trajectories: Trajectories) -> Scores:
         t = trajectories
         lengths = [len(text) + sum(len(m.get("content") or "") for m in msgs)
                    for text, msgs in zip(t.texts, t.messages)]
@@ -96,10 +86,9 @@ class RewardModelGroup:
                 for w, idx in zip(self.workers, sh.indices)]
         res = gather(refs, self.ids[:len(refs)], stage="reward_model.score", timeout_s=self.timeout_s)
         per_model = [dispatch.merge(sh, [r[0][m] for r in res]) for m in range(len(self.models))]
-        return ModelScores(policy_version=t.policy_version, models=self.models, scores=per_model,
-                           compute_s=max(r[1] for r in res))
+        return Scores(policy_version=t.policy_version, names=[f"model{m}" for m in range(len(self.models))],
+                      sources=self.models, scores=per_model, compute_s=max(r[1] for r in res))
 
-    def combine(self, fn_scores: list[float], scores: ModelScores) -> list[float]:
-        """(B,) fn_weight x function score + sum over models of weight x score."""
-        return [self.fn_weight * f + sum(w * s[b] for w, s in zip(self.weights, scores.scores))
-                for b, f in enumerate(fn_scores)]
+    def weighted(self, scores: Scores) -> list[float]:
+        """(B,) sum over models of weight x score."""
+        return [sum(w * s[b] for w, s in zip(self.weights, scores.scores)) for b in range(len(scores.scores[0]))]
