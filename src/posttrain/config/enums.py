@@ -42,8 +42,12 @@ class Backend(enum.Enum):
 
 
 class Algorithm(enum.Enum):
-    GRPO = "grpo"
-    PPO = "ppo"
+    GRPO = "grpo"  # group-normalised outcome advantages (Shao et al. 2024)
+    PPO = "ppo"  # a critic, GAE (Schulman et al. 2017)
+    RLOO = "rloo"  # leave-one-out group baseline (Ahmadian et al. 2024)
+    REINFORCE_PP = "reinforce_pp"  # token returns with the KL in the reward, whitened over the batch (Hu 2025)
+    DR_GRPO = "dr_grpo"  # GRPO without std normalisation, constant token normaliser (Liu et al. 2025)
+    GSPO = "gspo"  # length-normalised sequence-level ratio and clipping (Zheng et al. 2025)
 
 
 class Objective(enum.Enum):
@@ -74,6 +78,7 @@ class KLEstimator(enum.Enum):
 class LossAgg(enum.Enum):
     TOKEN_MEAN = "token_mean"  # mean over all response tokens of the global batch
     SEQ_MEAN = "seq_mean"  # mean over sequences of each sequence's token mean
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq_mean_token_sum_norm"  # token sums / (sequences x rl.max_new_tokens): Dr. GRPO
 
 
 class PlacementMode(enum.Enum):

@@ -2,8 +2,9 @@
 optional KL penalty to a reference model (k1/k2/k3 estimators), and token- or sequence-mean aggregation.
 
 SPMD normalisation: when a batch is split over ranks and micro-batches, pass `normalizer` = the GLOBAL
-number of response tokens (TOKEN_MEAN) or sequences (SEQ_MEAN). Each shard then returns sum / normalizer, so
-the shards' losses - and gradients - add up exactly to the loss of the whole batch.
+number of response tokens (TOKEN_MEAN), sequences (SEQ_MEAN) or sequences x the constant horizon
+(SEQ_MEAN_TOKEN_SUM_NORM, `normalizer(...)`). Each shard then returns sum / normalizer, so the shards' losses -
+and gradients - add up exactly to the loss of the whole batch.
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     dual-clip (clip_ratio_c given, > 1; Ye et al. 2019, verl's clip_ratio_c): where A < 0 the policy term is
                 min(that, -A * clip_ratio_c), which bounds the loss of a token whose ratio has run far above 1.
     No clamp of logp - old_logp before exp (verl clamps it to [-20, 20]).
-    TOKEN_MEAN: sum over valid tokens / normalizer (default: this batch's token count)
-    SEQ_MEAN:   sum over sequences of (sequence's token mean) / normalizer (default: this batch's sequences)
+    Aggregation: `aggregate`.
     """
     if clip_ratio_c is not None and not clip_ratio_c > 1:
         raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
@@ -84,13 +84,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     if ref_logp is not None and kl_coef > 0:
         kl = kl_penalty(logp, ref_logp, kl_estimator)
         per_token = pg + kl_coef * kl
-    lengths = mask.sum(1).clamp(min=1)  # (B,)
-    if loss_agg == LossAgg.TOKEN_MEAN:
-        norm = normalizer if normalizer is not None else float(mask.sum().clamp(min=1))
-        loss = (per_token * mask).sum() / norm
-    else:
-        norm = normalizer if normalizer is not None else float(mask.shape[0])
-        loss = ((per_token * mask).sum(1) / lengths).sum() / norm
+    loss = aggregate(per_token, mask, loss_agg, normalizer)
     n = float(mask.sum().clamp(min=1))
     with torch.no_grad():
         clip_frac = (((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))).float()
@@ -99,3 +93,32 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                                 ratio_mean=float((ratio * mask).sum() / n), tokens=int(mask.sum()),
                                 clip_fraction_lower=float((lower * mask).sum() / n) if lower is not None else 0.0)
     return loss, stats
+
+
+def normalizer(loss_agg: LossAgg, *, tokens: int, sequences: int, horizon: int) -> float:
+    """The GLOBAL normaliser of `aggregate` for a batch of `tokens` valid tokens in `sequences` sequences;
+    `horizon`: the constant token normaliser of SEQ_MEAN_TOKEN_SUM_NORM (rl.max_new_tokens)."""
+    if loss_agg == LossAgg.TOKEN_MEAN:
+        return float(tokens)
+    if loss_agg == LossAgg.SEQ_MEAN:
+        return float(sequences)
+    return float(sequences * horizon)
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg,
+              normalizer: float | None = None) -> torch.Tensor:
+    """(B, T) per-token losses -> scalar (verl's agg_loss):
+    TOKEN_MEAN:              sum over valid tokens / normalizer (default: this batch's token count)
+    SEQ_MEAN:                sum over sequences of (sequence's token mean) / normalizer (default: sequences)
+    SEQ_MEAN_TOKEN_SUM_NORM: sum over sequences of (sequence's token SUM) / normalizer (default: sequences x T)
+                             - Dr. GRPO's constant normaliser: a long answer's tokens weigh what a short one's do
+    """
+    mask = mask.float()
+    if loss_agg == LossAgg.TOKEN_MEAN:
+        norm = normalizer if normalizer is not None else float(mask.sum().clamp(min=1))
+        return (per_token * mask).sum() / norm
+    if loss_agg == LossAgg.SEQ_MEAN:
+        norm = normalizer if normalizer is not None else float(mask.shape[0])
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / norm
+    norm = normalizer if normalizer is not None else float(mask.shape[0] * mask.shape[1])
+    return (per_token * mask).sum() / norm
