@@ -199,11 +199,18 @@ def _check_reward(w: RewardConfig, *, trained_model: bool = False) -> None:
            "only means something with reward.models set (the function is the whole reward otherwise)")
 
 
+def _used_only_by(r: RLConfig, name: str, algorithms: tuple[Algorithm, ...], why: str = "") -> None:
+    """A setting that only some algorithms read must keep its default under the others."""
+    _check(r.algorithm in algorithms or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
+           f"only means something with rl.algorithm " + " / ".join(repr(a.value) for a in algorithms) +
+           f" (this run: {r.algorithm.value!r})" + (f": {why}" if why else ""))
+
+
 def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.steps >= 1, "rl.steps", "must be >= 1")
     _check(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
-    _check(r.algorithm == Algorithm.PPO or r.samples_per_prompt >= 2, "rl.samples_per_prompt",
-           "must be >= 2 (GRPO needs a group)")
+    _check(r.algorithm in (Algorithm.PPO, Algorithm.REINFORCE_PP) or r.samples_per_prompt >= 2,
+           "rl.samples_per_prompt", f"must be >= 2 ({r.algorithm.value!r} compares each sample with its group)")
     _check(r.samples_per_prompt >= 1, "rl.samples_per_prompt", "must be >= 1")
     _check(r.temperature > 0, "rl.temperature", "must be > 0")
     _check(r.max_new_tokens >= 1, "rl.max_new_tokens", "must be >= 1")
@@ -226,9 +233,18 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.max_restarts >= 0, "rl.max_restarts", "must be >= 0")
     _check(r.rollout_backend != RolloutBackend.VLLM or vllm_installed(), "rl.rollout_backend", _NO_VLLM)
     ppo = r.algorithm == Algorithm.PPO
-    for name in ("kl_in_reward", "gamma", "lam", "critic_lr", "critic_warmup_steps", "critic_init", "value_clip"):
+    for name in ("kl_in_reward", "lam", "critic_lr", "critic_warmup_steps", "critic_init", "value_clip"):
         _check(ppo or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
                f"only means something with rl.algorithm 'ppo' (this run: {r.algorithm.value!r})")
+    _used_only_by(r, "gamma", (Algorithm.PPO, Algorithm.REINFORCE_PP))
+    _used_only_by(r, "std_normalize", (Algorithm.GRPO, Algorithm.GSPO))
+    _used_only_by(r, "loss_agg", tuple(a for a in Algorithm if a not in (Algorithm.DR_GRPO, Algorithm.GSPO)),
+                  why="dr_grpo and gspo aggregate their own way")
+    _used_only_by(r, "clip_ratio_c", tuple(a for a in Algorithm if a != Algorithm.GSPO),
+                  why="gspo clips a sequence-level ratio, without dual-clip")
+    _check(r.algorithm != Algorithm.GSPO or max(r.clip_low, r.clip_high) <= 0.05, "rl.clip_low / rl.clip_high",
+           f"gspo clips the sequence-level ratio, whose deviations from 1 are ~1e-3: {r.clip_low} / {r.clip_high} "
+           f"would almost never clip; the paper uses 3e-4 / 4e-4")
     _check(0 <= r.gamma <= 1, "rl.gamma", "must be in [0, 1]")
     _check(0 <= r.lam <= 1, "rl.lam", "must be in [0, 1]")
     _check(r.critic_lr > 0, "rl.critic_lr", "must be > 0")

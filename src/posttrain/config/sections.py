@@ -246,8 +246,11 @@ class RLConfig:
     enabled: bool = True
     """Run the RL stage after SFT."""
     algorithm: Algorithm = Algorithm.GRPO
-    """The loop each step runs (posttrain.rl.loops): 'grpo' (group-relative advantages, no critic) or 'ppo' (a
-    critic role's values, GAE over token rewards, clipped value loss)."""
+    """The loop each step runs (posttrain.rl.loops): 'grpo' (group-relative advantages, no critic); 'ppo' (a
+    critic role's values, GAE over token rewards, clipped value loss); 'rloo' (leave-one-out group baseline);
+    'dr_grpo' (group-centred, never std-scaled, token sums over a constant normaliser); 'gspo' (GRPO's
+    advantages, a clipped sequence-level ratio: set rl.clip_low / rl.clip_high to ~1e-3, the paper's 3e-4 and
+    4e-4); 'reinforce_pp' (token returns with the KL in the reward, whitened over the batch)."""
     steps: int = 60
     """Policy updates (one rollout batch each)."""
     prompts_per_step: int = 64
@@ -289,7 +292,7 @@ class RLConfig:
     """PPO: subtract kl_coef * KL(rollout || reference) (k1, per token) from the token rewards instead of
     adding the KL term to the policy loss."""
     gamma: float = 1.0
-    """PPO: discount of GAE."""
+    """PPO: discount of GAE; REINFORCE++: discount of the token returns."""
     lam: float = 1.0
     """PPO: lambda of GAE (1.0: Monte-Carlo returns minus the value baseline)."""
     critic_lr: float = 1e-5
@@ -303,9 +306,9 @@ class RLConfig:
     value_clip: float = 0.5
     """PPO: the clipped value loss's range around the rollout's values (verl's cliprange_value)."""
     loss_agg: LossAgg = LossAgg.TOKEN_MEAN
-    """How token losses aggregate over the global batch."""
+    """How token losses aggregate over the global batch (dr_grpo and gspo fix their own)."""
     std_normalize: bool = True
-    """Divide group-centred rewards by the group's std (Dr. GRPO leaves this off)."""
+    """GRPO, GSPO: divide group-centred rewards by the group's std (dr_grpo never does)."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold; 0 disables."""
     max_reward_failure_rate: float = 0.1

@@ -15,7 +15,10 @@ with in-process fakes as well as with real Ray actor groups.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol
+
+from posttrain.config import LossAgg
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +126,15 @@ class Advantages:
     """(B,) one advantage per trajectory, broadcast over its response tokens."""
 
 
+class PolicyLoss(str, Enum):
+    """Which policy objective an algorithm's TrainBatch asks the policy workers for."""
+
+    CLIP = "clip"
+    """PPO's clipped token-level ratio (grpo.policy_loss; dual-clip with rl.clip_ratio_c)."""
+    GSPO = "gspo"
+    """GSPO's clipped sequence-level ratio (pg.gspo_loss)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainBatch:
     policy_version: int
@@ -133,8 +145,12 @@ class TrainBatch:
     """(B, response_len_i) behaviour log-probs (from the rollout) for the importance ratio."""
     ref_logprobs: list[list[float]] | None
     """(B, response_len_i) reference log-probs, or None when kl_coef == 0."""
-    advantages: list[float]
-    """(B,)."""
+    advantages: list[float] | list[list[float]]
+    """(B,) one per sequence, or (B, response_len_i) one per token (PPO, REINFORCE++)."""
+    loss: PolicyLoss = PolicyLoss.CLIP
+    """The algorithm's policy objective."""
+    loss_agg: LossAgg | None = None
+    """The algorithm's own aggregation (Dr. GRPO's constant normaliser, GSPO's sequence mean); None: rl.loss_agg."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,11 +23,16 @@ class AlgorithmSpec:
 
 SCORE_PHASES = ("reward", *scoring_roles())
 """The reward functions, then every scoring role of the registry (loops.common.score)."""
+GROUP_PHASES = ("rollout", *SCORE_PHASES, "reference", "advantages", "update", "sync")
+"""A critic-free step: GRPO, its family, REINFORCE++."""
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
-    "grpo": AlgorithmSpec(loop="posttrain.rl.loops.grpo:GRPO",
-                          phases=("rollout", *SCORE_PHASES, "reference", "advantages", "update", "sync")),
+    "grpo": AlgorithmSpec(loop="posttrain.rl.loops.grpo:GRPO", phases=GROUP_PHASES),
     "ppo": AlgorithmSpec(loop="posttrain.rl.loops.ppo:PPO",
                          phases=("rollout", *SCORE_PHASES, "reference", "values", "advantages", "critic", "update",
                                  "sync")),
+    "rloo": AlgorithmSpec(loop="posttrain.rl.loops.family:RLOO", phases=GROUP_PHASES),
+    "dr_grpo": AlgorithmSpec(loop="posttrain.rl.loops.family:DrGRPO", phases=GROUP_PHASES),
+    "gspo": AlgorithmSpec(loop="posttrain.rl.loops.family:GSPO", phases=GROUP_PHASES),
+    "reinforce_pp": AlgorithmSpec(loop="posttrain.rl.loops.reinforce_pp:ReinforcePP", phases=GROUP_PHASES),
 }

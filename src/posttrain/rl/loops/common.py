@@ -25,6 +25,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
+import torch
+
 from posttrain.config import RLConfig
 from posttrain.rl.types import LogProbs, PromptBatch, Rewards, TrainBatch, Trajectories, UpdateStats
 from posttrain.rl.weight_sync import drift_gate
@@ -163,3 +165,23 @@ def check_reward_failures(rewards: Rewards, *, step: int, max_rate: float) -> No
 def expect_version(stage: str, got: int, want: int) -> None:
     if got != want:
         raise RuntimeError(f"{stage}: produced policy version {got}, expected {want} (a stale or skipped update)")
+
+
+def response_mask(response_ids: list[list[int]]) -> torch.Tensor:
+    """(B, R) bool: True at each row's response tokens (R: the longest response, at least 1)."""
+    R = max(max(len(x) for x in response_ids), 1)
+    lengths = torch.tensor([len(x) for x in response_ids])
+    return torch.arange(R)[None, :] < lengths[:, None]
+
+
+def pad_rows(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
+    """Ragged per-token rows -> (B, R) float32, zeros past each row's end."""
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
+    return out
+
+
+def rows_of(x: torch.Tensor, response_ids: list[list[int]]) -> list[list[float]]:
+    """(B, R) -> ragged per-token rows, each as long as its response."""
+    return [x[i, :len(r)].tolist() for i, r in enumerate(response_ids)]

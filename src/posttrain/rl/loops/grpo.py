@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.config import RLConfig
+from posttrain.config import LossAgg, RLConfig
 from posttrain.rl.algorithms.grpo import group_advantages
 from posttrain.rl.loops.common import (
     PolicyGradientRoles,
@@ -26,7 +26,7 @@ from posttrain.rl.loops.common import (
     score,
     update_policy,
 )
-from posttrain.rl.types import PromptBatch, TrainBatch
+from posttrain.rl.types import PolicyLoss, PromptBatch, TrainBatch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,10 +35,21 @@ class GRPORoles(PolicyGradientRoles):
 
 
 class GRPO:
+    """GRPO's step. Its family (loops/family.py: RLOO, Dr. GRPO, GSPO) runs the same step with another
+    `advantages` baseline or another policy objective (`loss`, `loss_agg`)."""
+
     Roles = GRPORoles
+    loss: PolicyLoss = PolicyLoss.CLIP
+    loss_agg: LossAgg | None = None
+    """None: rl.loss_agg."""
 
     def __init__(self, cfg: RLConfig, roles: GRPORoles):
         self.cfg, self.roles = cfg, roles
+
+    def advantages(self, scores: torch.Tensor) -> torch.Tensor:
+        """(B,) rewards, grouped by prompt -> (B,) one advantage per sample: centred per group, std-scaled
+        with rl.std_normalize."""
+        return group_advantages(scores, self.cfg.samples_per_prompt, std_normalize=self.cfg.std_normalize)
 
     def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
         cfg, r = self.cfg, self.roles
@@ -46,9 +57,9 @@ class GRPO:
         rewards, reward_metrics = score(r.reward, traj, cfg, run, scorers=r.scorers)
         ref = reference_logprobs(r.reference, traj, cfg, run)
         with run.phase("advantages"):
-            adv = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,
-                                   std_normalize=cfg.std_normalize).tolist()  # (B,) one per sample
+            adv = self.advantages(torch.tensor(rewards.scores)).tolist()  # (B,) one per sample
         batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
-                           old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None, advantages=adv)
+                           old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None, advantages=adv,
+                           loss=self.loss, loss_agg=self.loss_agg)
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
         return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=reward_metrics)

@@ -35,7 +35,10 @@ from posttrain.rl.loops.common import (
     StepRun,
     check_finite,
     generate,
+    pad_rows,
     reference_logprobs,
+    response_mask,
+    rows_of,
     score,
     update_policy,
 )
@@ -60,15 +63,15 @@ class PPO:
         traj = generate(r.rollout, prompts, cfg, run)
         rewards, reward_metrics = score(r.reward, traj, cfg, run, scorers=r.scorers)
         ref = reference_logprobs(r.reference, traj, cfg, run)
-        mask = _mask(traj.response_ids)  # (B, R)
-        kl = _pad(traj.logprobs, mask) - _pad(ref.values, mask) if cfg.kl_in_reward else None  # k1 (B, R)
+        mask = response_mask(traj.response_ids)  # (B, R)
+        kl = pad_rows(traj.logprobs, mask) - pad_rows(ref.values, mask) if cfg.kl_in_reward else None  # k1 (B, R)
         rewards_t = ppo.token_rewards(torch.tensor(rewards.scores, dtype=torch.float32), mask, kl=kl,
                                       kl_coef=cfg.kl_coef)  # (B, R)
         if r.critic.one_pass():  # values and the critic's update from one forward (the same numbers)
             with run.phase("critic"):
                 values, cstats = r.critic.fit(CriticFit(
                     policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
-                    token_rewards=_rows(rewards_t, traj.response_ids), gamma=cfg.gamma, lam=cfg.lam))
+                    token_rewards=rows_of(rewards_t, traj.response_ids), gamma=cfg.gamma, lam=cfg.lam))
             v = self._checked_values(values, cstats, mask, run)
             with run.phase("advantages"):
                 adv, returns = ppo.gae_advantages(rewards_t, v, mask, gamma=cfg.gamma, lam=cfg.lam)
@@ -83,7 +86,7 @@ class PPO:
             with run.phase("critic"):
                 cstats = r.critic.update(CriticBatch(policy_version=run.version, prompt_ids=traj.prompt_ids,
                                                      response_ids=traj.response_ids, old_values=values.values,
-                                                     returns=_rows(returns, traj.response_ids)))
+                                                     returns=rows_of(returns, traj.response_ids)))
             self._checked_values(values, cstats, mask, run)
 
         stats = None
@@ -91,7 +94,7 @@ class PPO:
             batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids,
                                response_ids=traj.response_ids, old_logprobs=traj.logprobs,
                                ref_logprobs=ref.values if ref is not None and not cfg.kl_in_reward else None,
-                               advantages=_rows(adv, traj.response_ids))
+                               advantages=rows_of(adv, traj.response_ids))
             stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
 
         a = adv[mask]
@@ -115,26 +118,9 @@ class PPO:
         if cstats is not None and not cstats.applied:
             raise NonFiniteError(f"step {run.step}: stage critic.update stopped before the optimizer step: "
                                  f"{cstats.stopped}; no checkpoint written")
-        return _pad(values.values, mask)
+        return pad_rows(values.values, mask)
 
     @staticmethod
     def _check(adv: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, run: StepRun) -> None:
         check_finite("advantages", adv[mask].tolist(), step=run.step)
         check_finite("returns", returns[mask].tolist(), step=run.step)
-
-
-def _mask(response_ids: list[list[int]]) -> torch.Tensor:
-    R = max(max(len(x) for x in response_ids), 1)
-    lengths = torch.tensor([len(x) for x in response_ids])
-    return torch.arange(R)[None, :] < lengths[:, None]  # (B, R) bool
-
-
-def _pad(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(mask.shape, dtype=torch.float32)
-    for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out
-
-
-def _rows(x: torch.Tensor, response_ids: list[list[int]]) -> list[list[float]]:
-    return [x[i, :len(r)].tolist() for i, r in enumerate(response_ids)]

@@ -1,9 +1,12 @@
 """Policy role, the worker side: N workers forming ONE torch.distributed group (`spmd.SPMDWorker`: DDP, ZeRO-1
 AdamW, state files) that run the same clipped policy-gradient update - SPMD - on token-balanced shards of the
-batch, whatever the algorithm: one advantage per sequence (GRPO) or per token (PPO), optionally dual-clipped
-(`rl.clip_ratio_c`). The controller side, which shards and gathers, is `policy_group.PolicyGroup`.
+batch, whatever the algorithm: one advantage per sequence (GRPO) or per token (PPO, REINFORCE++), the
+token-level clipped ratio (optionally dual-clipped, `rl.clip_ratio_c`) or GSPO's sequence-level one, as the
+TrainBatch says (`loss`, `loss_agg`). The controller side, which shards and gathers, is
+`policy_group.PolicyGroup`.
 
-Each rank computes its loss with `grpo.policy_loss(..., normalizer=GLOBAL tokens or sequences)` and scales it
+Each rank computes its loss with `grpo.policy_loss` or `pg.gspo_loss` (normalizer = the GLOBAL tokens,
+sequences or sequences x rl.max_new_tokens: `grpo.normalizer`) and scales it
 by world_size because DDP averages gradients; so the all-reduced gradient is exactly the gradient of the
 global-batch loss, however the batch was split. Every rank runs the same number of micro-batches (the group
 computes it), otherwise DDP's all-reduce would hang. `rl.inner_epochs` passes over the batch, each split into
@@ -56,7 +59,7 @@ from pathlib import Path
 import torch
 
 from posttrain.artifacts import ArtifactStore
-from posttrain.config import DType, LossAgg, ModelConfig, RLConfig
+from posttrain.config import DType, ModelConfig, RLConfig
 from posttrain.models.generate import entropy_from_logits, forward_response_logits, sampling_logprobs, sequence_logprobs
 from posttrain.models.io import (
     compute_dtype,
@@ -67,10 +70,10 @@ from posttrain.models.io import (
     save_model,
 )
 from posttrain.rl import weight_transfer
-from posttrain.rl.algorithms import grpo
+from posttrain.rl.algorithms import grpo, pg
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
-from posttrain.rl.types import ModelPut, RankUpdate, TrainBatch
+from posttrain.rl.types import ModelPut, PolicyLoss, RankUpdate, TrainBatch
 from posttrain.rl.weight_sync import weights_checksum
 
 
@@ -143,7 +146,8 @@ class PolicyWorker(SPMDWorker):
         grad_norm, drift = 0.0, math.nan
         for epoch in range(cfg.inner_epochs):
             for j, sh in enumerate(shards):
-                norm = float(g_tok[j] if cfg.loss_agg == LossAgg.TOKEN_MEAN else g_seq[j])
+                norm = grpo.normalizer(sh.loss_agg or cfg.loss_agg, tokens=g_tok[j], sequences=g_seq[j],
+                                       horizon=cfg.max_new_tokens)
                 n = len(sh.response_ids)
                 bounds = [round(i * n / n_mic[j]) for i in range(n_mic[j] + 1)]
                 drift_sum, drift_tok = 0.0, 0.0
@@ -183,10 +187,12 @@ class PolicyWorker(SPMDWorker):
             rows = shard.advantages[lo:hi]
             adv = (_pad(rows, logp.shape) if rows and isinstance(rows[0], list)  # (b, R) per token (PPO)
                    else torch.tensor(rows, dtype=torch.float32)).to(self.device)  # (b,) per sequence (GRPO)
-            loss, st = grpo.policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                        loss_agg=cfg.loss_agg, ref_logp=ref, kl_coef=cfg.kl_coef,
-                                        kl_estimator=cfg.kl_estimator, normalizer=norm,
-                                        clip_ratio_c=cfg.clip_ratio_c or None)
+            kw = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "loss_agg": shard.loss_agg or cfg.loss_agg,
+                  "ref_logp": ref, "kl_coef": cfg.kl_coef, "kl_estimator": cfg.kl_estimator, "normalizer": norm}
+            if shard.loss == PolicyLoss.GSPO:
+                loss, st = pg.gspo_loss(logp, old, adv, mask, **kw)
+            else:
+                loss, st = grpo.policy_loss(logp, old, adv, mask, clip_ratio_c=cfg.clip_ratio_c or None, **kw)
             (loss * self.world).backward()
         return logits, logp, old, mask, loss, st
 

@@ -6,6 +6,8 @@ checkpoint calls out. Every remote wait is bounded by the group's timeout and na
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import torch
@@ -106,7 +108,9 @@ def mini_batch_rows(n: int, k: int, *, seed: int) -> list[list[int]]:
 
 
 def _take(b: TrainBatch, idx: list[int]) -> TrainBatch:
-    return TrainBatch(policy_version=b.policy_version, prompt_ids=[b.prompt_ids[i] for i in idx],
-                      response_ids=[b.response_ids[i] for i in idx], old_logprobs=[b.old_logprobs[i] for i in idx],
-                      ref_logprobs=[b.ref_logprobs[i] for i in idx] if b.ref_logprobs else None,
-                      advantages=[b.advantages[i] for i in idx])
+    """Rows `idx` of the batch; the loss and its aggregation travel with them."""
+    return dataclasses.replace(b, prompt_ids=[b.prompt_ids[i] for i in idx],
+                               response_ids=[b.response_ids[i] for i in idx],
+                               old_logprobs=[b.old_logprobs[i] for i in idx],
+                               ref_logprobs=[b.ref_logprobs[i] for i in idx] if b.ref_logprobs else None,
+                               advantages=[b.advantages[i] for i in idx])
