@@ -53,7 +53,7 @@ class Reward01:
                        failures=[None] * len(t.texts), scorer="test:even", compute_s=0.0)
 
 
-def _run(folders, cfg):
+def _run(folders, cfg, reward=None):
     from posttrain.rl.controller import Controller
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_group import PolicyGroup
@@ -74,7 +74,7 @@ def _run(folders, cfg):
         return real_update(batch, **kw)
 
     pg.update = spy
-    reward = Reward01()
+    reward = reward or Reward01()
     real_score = reward.score
     reward.score = lambda t: seen["rewards"].append(real_score(t)) or seen["rewards"][-1]
     groups = {"rollout": RolloutGroup([LocalActor(rollout)], [rollout.identity()], 60), "reward": reward,
@@ -88,6 +88,7 @@ def _run(folders, cfg):
     sampler = PromptSampler(_examples(), load_tokenizer(md), prompts_per_step=cfg.prompts_per_step, seed=cfg.seed)
     before = policy.checksum()
     history = Controller(cfg, groups, sampler, NullTracker(), None).run(cfg.steps)
+    seen["sampler_cursor"] = sampler.cursor
     return history, seen, before, policy.checksum()
 
 
@@ -136,7 +137,85 @@ def test_settings_an_algorithm_does_not_read_are_refused_before_any_work():
                       (replace(base.rl, algorithm=Algorithm.RLOO, gamma=0.9), r"rl\.gamma"),
                       (replace(base.rl, algorithm=Algorithm.GSPO, clip_low=3e-4, clip_high=4e-4, clip_ratio_c=3.0),
                        r"rl\.clip_ratio_c"),
-                      (replace(base.rl, algorithm=Algorithm.RLOO, samples_per_prompt=1), r"rl\.samples_per_prompt")]:
+                      (replace(base.rl, algorithm=Algorithm.RLOO, samples_per_prompt=1), r"rl\.samples_per_prompt"),
+                      (replace(base.rl, overlong_buffer=2), r"rl\.overlong_buffer"),
+                      (replace(base.rl, algorithm=Algorithm.DAPO, overlong_buffer=99), r"rl\.overlong_buffer")]:
         with pytest.raises(ConfigError, match=field):
             validate(replace(base, rl=rl), ())
     validate(replace(base, rl=replace(base.rl, algorithm=Algorithm.REINFORCE_PP, gamma=0.99, kl_coef=0.01)), ())
+
+
+class FirstPromptsEqual(Reward01):
+    """Reward01, except that the samples of the step's first `equal` prompts all score 1 (their groups teach
+    nothing); `equal` counts prompts over the whole run, so draws after it are ordinary."""
+
+    def __init__(self, equal: int):
+        self.equal, self.seen_prompts = equal, 0
+
+    def score(self, t):
+        out = super().score(t)
+        first = sorted(set(t.group_index))
+        scores = list(out.scores)
+        for i, g in enumerate(t.group_index):
+            if self.seen_prompts + first.index(g) < self.equal:
+                scores[i] = 1.0
+        self.seen_prompts += len(first)
+        return replace(out, scores=scores)
+
+
+DAPO = replace(BASE, algorithm=Algorithm.DAPO, steps=1)
+
+
+def test_dapo_drops_equal_groups_and_draws_more_prompts_to_fill_the_batch(folders, world_of_one):
+    history, seen, before, after = _run(folders, DAPO, reward=FirstPromptsEqual(equal=3))
+    (m,) = history
+    (batch,) = seen["batches"]
+    n, want = DAPO.samples_per_prompt, DAPO.prompts_per_step
+    assert len(batch.response_ids) == want * n and after != before
+    assert m.extra["dapo/dropped_groups"] >= 3 and m.extra["dapo/draws"] >= 1 and m.extra["dapo/short_batch"] == 0
+    assert seen["sampler_cursor"] == want * (1 + int(m.extra["dapo/draws"]))  # each draw took the next prompts
+    adv = torch.tensor(batch.advantages).view(-1, n)
+    assert (adv.abs().sum(1) > 0).all()  # no group in the batch has all-equal rewards
+    assert m.num_samples == want * n * (1 + int(m.extra["dapo/draws"]))  # metrics cover every sample drawn
+
+
+def test_dapo_at_its_draw_bound_trains_on_a_short_batch_and_says_so(folders, world_of_one, capsys):
+    cfg = replace(DAPO, max_extra_draws=0)
+    history, seen, _before, _after = _run(folders, cfg, reward=FirstPromptsEqual(equal=2))
+    (m,) = history
+    (batch,) = seen["batches"]
+    kept = int(m.extra["dapo/kept_groups"])
+    assert m.extra["dapo/short_batch"] == 1 and kept <= cfg.prompts_per_step - 2
+    assert len(batch.response_ids) == kept * cfg.samples_per_prompt and m.policy_version == 1
+    assert "training on a short batch" in capsys.readouterr().out
+
+
+def test_dapo_with_no_group_to_train_on_does_not_update(folders, world_of_one, capsys):
+    cfg = replace(DAPO, max_extra_draws=1)
+    history, seen, before, after = _run(folders, cfg, reward=FirstPromptsEqual(equal=10**6))
+    (m,) = history
+    assert seen["batches"] == [] and after == before and m.policy_version == 0
+    assert m.extra["dapo/kept_groups"] == 0 and m.extra["dapo/draws"] == 1
+    assert "no group to train on" in capsys.readouterr().out
+
+
+class LengthParity(Reward01):
+    """Score 1 for an even number of response tokens: computable from a TrainBatch."""
+
+    def score(self, t):
+        out = super().score(t)
+        return replace(out, scores=[float(len(r) % 2 == 0) for r in t.response_ids])
+
+
+def test_dapo_overlong_penalty_shapes_the_advantages(folders, world_of_one):
+    from posttrain.rl.algorithms.pg import overlong_penalty
+
+    cfg = replace(DAPO, overlong_buffer=2, overlong_penalty=1.0)
+    history, seen, _before, _after = _run(folders, cfg, reward=LengthParity())
+    (batch,) = seen["batches"]
+    lengths = torch.tensor([len(r) for r in batch.response_ids])
+    assert (lengths > cfg.max_new_tokens - cfg.overlong_buffer).any(), "no long response: proves nothing"
+    shaped = (lengths % 2 == 0).float() + overlong_penalty(lengths, max_len=cfg.max_new_tokens, buffer=2, factor=1.0)
+    want = group_advantages(shaped, cfg.samples_per_prompt, std_normalize=True)
+    assert torch.allclose(torch.tensor(batch.advantages), want, atol=1e-6)
+    assert history[0].extra["dapo/overlong_mean"] < 0

@@ -237,7 +237,13 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
         _check(ppo or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
                f"only means something with rl.algorithm 'ppo' (this run: {r.algorithm.value!r})")
     _used_only_by(r, "gamma", (Algorithm.PPO, Algorithm.REINFORCE_PP))
-    _used_only_by(r, "std_normalize", (Algorithm.GRPO, Algorithm.GSPO))
+    _used_only_by(r, "std_normalize", (Algorithm.GRPO, Algorithm.GSPO, Algorithm.DAPO))
+    for name in ("max_extra_draws", "overlong_buffer", "overlong_penalty"):
+        _used_only_by(r, name, (Algorithm.DAPO,))
+    _check(r.max_extra_draws >= 0, "rl.max_extra_draws", "must be >= 0")
+    _check(0 <= r.overlong_buffer <= r.max_new_tokens, "rl.overlong_buffer",
+           f"must be in [0, rl.max_new_tokens = {r.max_new_tokens}] (0: off)")
+    _check(r.overlong_penalty >= 0, "rl.overlong_penalty", "must be >= 0")
     _used_only_by(r, "loss_agg", tuple(a for a in Algorithm if a not in (Algorithm.DR_GRPO, Algorithm.GSPO)),
                   why="dr_grpo and gspo aggregate their own way")
     _used_only_by(r, "clip_ratio_c", tuple(a for a in Algorithm if a != Algorithm.GSPO),

@@ -48,6 +48,7 @@ class Algorithm(enum.Enum):
     REINFORCE_PP = "reinforce_pp"  # token returns with the KL in the reward, whitened over the batch (Hu 2025)
     DR_GRPO = "dr_grpo"  # GRPO without std normalisation, constant token normaliser (Liu et al. 2025)
     GSPO = "gspo"  # length-normalised sequence-level ratio and clipping (Zheng et al. 2025)
+    DAPO = "dapo"  # clip-higher, dynamic sampling, soft overlong punishment, token-mean loss (Yu et al. 2025)
 
 
 class Objective(enum.Enum):

@@ -250,7 +250,9 @@ class RLConfig:
     critic role's values, GAE over token rewards, clipped value loss); 'rloo' (leave-one-out group baseline);
     'dr_grpo' (group-centred, never std-scaled, token sums over a constant normaliser); 'gspo' (GRPO's
     advantages, a clipped sequence-level ratio: set rl.clip_low / rl.clip_high to ~1e-3, the paper's 3e-4 and
-    4e-4); 'reinforce_pp' (token returns with the KL in the reward, whitened over the batch)."""
+    4e-4); 'reinforce_pp' (token returns with the KL in the reward, whitened over the batch); 'dapo' (GRPO's
+    advantages on groups whose rewards differ - dynamic sampling draws more prompts to fill the batch -, the
+    soft overlong punishment, clip-higher through rl.clip_high, token-mean loss)."""
     steps: int = 60
     """Policy updates (one rollout batch each)."""
     prompts_per_step: int = 64
@@ -305,10 +307,19 @@ class RLConfig:
     sequence-classification model with one output -, named in the RL model's lineage."""
     value_clip: float = 0.5
     """PPO: the clipped value loss's range around the rollout's values (verl's cliprange_value)."""
+    max_extra_draws: int = 4
+    """DAPO: extra prompt batches one step may draw to replace the groups whose rewards are all equal (they
+    teach nothing and are dropped). When the bound is reached, the step trains on the groups it has, prints a
+    warning and logs dapo/short_batch 1."""
+    overlong_buffer: int = 0
+    """DAPO: soft overlong punishment over the last this many tokens before rl.max_new_tokens: a response of
+    max_new_tokens - overlong_buffer + k tokens loses k / overlong_buffer x rl.overlong_penalty (0: off)."""
+    overlong_penalty: float = 1.0
+    """DAPO: what a response of rl.max_new_tokens tokens loses with the overlong buffer on."""
     loss_agg: LossAgg = LossAgg.TOKEN_MEAN
     """How token losses aggregate over the global batch (dr_grpo and gspo fix their own)."""
     std_normalize: bool = True
-    """GRPO, GSPO: divide group-centred rewards by the group's std (dr_grpo never does)."""
+    """GRPO, GSPO, DAPO: divide group-centred rewards by the group's std (dr_grpo never does)."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold; 0 disables."""
     max_reward_failure_rate: float = 0.1

@@ -73,7 +73,8 @@ class Controller:
         t_step = time.perf_counter()
         phase: dict[str, float] = {}  # wall seconds per phase, as the controller sees them
         run = StepRun(step=self.step_count + 1, version=self.version, seed=self.rng.randrange(2**31),
-                      phase=lambda name: self._phase(phase, name))
+                      phase=lambda name: self._phase(phase, name),
+                      draw=lambda: self.sampler.next_batch(policy_version=self.version))
         with self._phase(phase, "rollout"):  # the sampler's time counts as the rollout's, as it always did
             prompts = self.sampler.next_batch(policy_version=self.version)
         out = self.algorithm.step(prompts, run)

@@ -68,6 +68,9 @@ class StepRun:
     """Rollout sampling seed, drawn from the controller's RNG (restored on resume)."""
     phase: Callable[[str], AbstractContextManager]
     """`with run.phase("rollout"): ...` times the body as that phase and marks it as the step's stage."""
+    draw: Callable[[], PromptBatch] | None = None
+    """More prompts for this step (DAPO's dynamic sampling): the sampler's next batch at this version; its
+    cursor moves on, so a resumed run draws the same prompts."""
 
 
 @dataclass(frozen=True, kw_only=True)
