@@ -43,3 +43,11 @@ def test_a_stored_artifact_of_another_kind_is_refused_naming_the_setting(folders
     with pytest.raises(ConfigError, match=r"rl\.critic_init: .* is a dataset artifact"):
         model_inputs.resolve(RLConfig(algorithm=Algorithm.PPO, critic_init=ds.id), RewardConfig(), run_id="t",
                              store=store)
+
+
+def test_the_teacher_of_on_policy_distillation_is_stored_for_lineage(folders, tmp_path):
+    store = ArtifactStore(tmp_path / "store")
+    rl = RLConfig(algorithm=Algorithm.ON_POLICY_DISTILL, teacher=str(folders["tiny"]))
+    got = model_inputs.resolve(rl, RewardConfig(), run_id="t", store=store)
+    assert list(got.refs) == ["rl.teacher"] and got.rl_ids.teacher == got.refs["rl.teacher"].id
+    assert got.rl.teacher == str(store.get(got.refs["rl.teacher"]))

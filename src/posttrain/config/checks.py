@@ -209,7 +209,8 @@ def _used_only_by(r: RLConfig, name: str, algorithms: tuple[Algorithm, ...], why
 def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.steps >= 1, "rl.steps", "must be >= 1")
     _check(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
-    _check(r.algorithm in (Algorithm.PPO, Algorithm.REINFORCE_PP) or r.samples_per_prompt >= 2,
+    _check(r.algorithm in (Algorithm.PPO, Algorithm.REINFORCE_PP) or r.samples_per_prompt >= 2
+           or (r.algorithm == Algorithm.ON_POLICY_DISTILL and r.distill_reward_weight == 0),
            "rl.samples_per_prompt", f"must be >= 2 ({r.algorithm.value!r} compares each sample with its group)")
     _check(r.samples_per_prompt >= 1, "rl.samples_per_prompt", "must be >= 1")
     _check(r.temperature > 0, "rl.temperature", "must be > 0")
@@ -237,10 +238,15 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
         _check(ppo or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
                f"only means something with rl.algorithm 'ppo' (this run: {r.algorithm.value!r})")
     _used_only_by(r, "gamma", (Algorithm.PPO, Algorithm.REINFORCE_PP))
-    _used_only_by(r, "std_normalize", (Algorithm.GRPO, Algorithm.GSPO, Algorithm.DAPO))
+    _used_only_by(r, "std_normalize", (Algorithm.GRPO, Algorithm.GSPO, Algorithm.DAPO, Algorithm.ON_POLICY_DISTILL))
     for name in ("max_extra_draws", "overlong_buffer", "overlong_penalty"):
         _used_only_by(r, name, (Algorithm.DAPO,))
     _check(r.max_extra_draws >= 0, "rl.max_extra_draws", "must be >= 0")
+    for name in ("teacher", "distill_reward_weight"):
+        _used_only_by(r, name, (Algorithm.ON_POLICY_DISTILL,))
+    _check(r.algorithm != Algorithm.ON_POLICY_DISTILL or bool(r.teacher.strip()), "rl.teacher",
+           "on_policy_distill needs a teacher: an artifact id, a local HF folder or channel:NAME")
+    _check(r.distill_reward_weight >= 0, "rl.distill_reward_weight", "must be >= 0")
     _check(0 <= r.overlong_buffer <= r.max_new_tokens, "rl.overlong_buffer",
            f"must be in [0, rl.max_new_tokens = {r.max_new_tokens}] (0: off)")
     _check(r.overlong_penalty >= 0, "rl.overlong_penalty", "must be >= 0")
@@ -270,6 +276,7 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
     _check(p.reward_workers >= 1, "placement.reward_workers", "must be >= 1")
     _check(p.critic_workers >= 0, "placement.critic_workers", "must be >= 0 (0: as many as policy_workers)")
     _check(p.reward_model_workers >= 1, "placement.reward_model_workers", "must be >= 1")
+    _check(p.teacher_workers >= 1, "placement.teacher_workers", "must be >= 1")
     _check(p.critic_workers == 0 or r.algorithm == Algorithm.PPO, "placement.critic_workers",
            "only means something with rl.algorithm 'ppo'")
     _check(p.torch_threads >= 1, "placement.torch_threads", "must be >= 1")

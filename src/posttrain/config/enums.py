@@ -49,6 +49,7 @@ class Algorithm(enum.Enum):
     DR_GRPO = "dr_grpo"  # GRPO without std normalisation, constant token normaliser (Liu et al. 2025)
     GSPO = "gspo"  # length-normalised sequence-level ratio and clipping (Zheng et al. 2025)
     DAPO = "dapo"  # clip-higher, dynamic sampling, soft overlong punishment, token-mean loss (Yu et al. 2025)
+    ON_POLICY_DISTILL = "on_policy_distill"  # per-token reverse KL to a teacher as the advantage (Agarwal 2024)
 
 
 class Objective(enum.Enum):

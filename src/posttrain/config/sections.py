@@ -252,7 +252,8 @@ class RLConfig:
     advantages, a clipped sequence-level ratio: set rl.clip_low / rl.clip_high to ~1e-3, the paper's 3e-4 and
     4e-4); 'reinforce_pp' (token returns with the KL in the reward, whitened over the batch); 'dapo' (GRPO's
     advantages on groups whose rewards differ - dynamic sampling draws more prompts to fill the batch -, the
-    soft overlong punishment, clip-higher through rl.clip_high, token-mean loss)."""
+    soft overlong punishment, clip-higher through rl.clip_high, token-mean loss); 'on_policy_distill' (the
+    student samples, rl.teacher scores every token: advantage = teacher log p - student log p)."""
     steps: int = 60
     """Policy updates (one rollout batch each)."""
     prompts_per_step: int = 64
@@ -307,6 +308,12 @@ class RLConfig:
     sequence-classification model with one output -, named in the RL model's lineage."""
     value_clip: float = 0.5
     """PPO: the clipped value loss's range around the rollout's values (verl's cliprange_value)."""
+    teacher: str = ""
+    """on_policy_distill: the teacher - an artifact id (or unique prefix), `channel:NAME` or a local HF folder -
+    with the student's tokenizer; named in the distilled model's lineage."""
+    distill_reward_weight: float = 0.0
+    """on_policy_distill: weight of the task reward's group advantage (GRPO's) added to every token's
+    reverse-KL advantage (0: pure distillation; the task reward is still scored and logged)."""
     max_extra_draws: int = 4
     """DAPO: extra prompt batches one step may draw to replace the groups whose rewards are all equal (they
     teach nothing and are dropped). When the bound is reached, the step trains on the groups it has, prints a
@@ -358,6 +365,8 @@ class PlacementConfig:
     """Generation workers (the `rollout` worker group on a cluster)."""
     reference_workers: int = 1
     """Reference log-prob workers (only created when rl.kl_coef > 0)."""
+    teacher_workers: int = 1
+    """Teacher log-prob workers (only created with rl.algorithm on_policy_distill)."""
     reward_workers: int = 1
     """Reward scoring workers."""
     critic_workers: int = 0

@@ -1,6 +1,7 @@
 """RL algorithms as loops over named role groups, each step read top to bottom: grpo.py (GRPO), family.py
 (RLOO, Dr. GRPO, GSPO: GRPO's step with another baseline or objective), reinforce_pp.py, dapo.py (GRPO's step
-with dynamic sampling and the overlong penalty), ppo.py (a critic).
+with dynamic sampling and the overlong penalty), ppo.py (a critic), distill.py (on-policy distillation: a
+teacher's per-token log-probs).
 
 ALGORITHMS maps `rl.algorithm` to its loop ("module:Class") and the phases its step runs, in order (the RL
 page stacks the phase times in this order). A loop class has `Roles`, a frozen dataclass naming the role
@@ -38,4 +39,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     "gspo": AlgorithmSpec(loop="posttrain.rl.loops.family:GSPO", phases=GROUP_PHASES),
     "reinforce_pp": AlgorithmSpec(loop="posttrain.rl.loops.reinforce_pp:ReinforcePP", phases=GROUP_PHASES),
     "dapo": AlgorithmSpec(loop="posttrain.rl.loops.dapo:DAPO", phases=GROUP_PHASES),
+    "on_policy_distill": AlgorithmSpec(loop="posttrain.rl.loops.distill:OnPolicyDistill",
+                                       phases=("rollout", *SCORE_PHASES, "reference", "teacher", "advantages",
+                                               "update", "sync")),
 }

@@ -19,6 +19,8 @@ from posttrain.rl.types import LogProbs, Trajectories, WorkerId
 
 
 class ReferenceWorker:
+    role = "reference"
+
     def __init__(self, model_dir: str, rank: int, world_size: int, cfg: RLConfig | None = None,
                  model_cfg: ModelConfig | None = None, threads: int = 1):
         """`cfg` supplies top_p/top_k (default: none), `model_cfg` the dtype (default fp32), `threads` torch's
@@ -28,7 +30,7 @@ class ReferenceWorker:
         self.device = local_device()
         self.model = load_model(model_dir, device=self.device, dtype=model_cfg.dtype)
         self.tok = load_tokenizer(model_dir)
-        self.id = worker_identity("reference", rank, world_size)
+        self.id = worker_identity(self.role, rank, world_size)
 
     def identity(self) -> WorkerId:
         return self.id
@@ -44,6 +46,8 @@ class ReferenceWorker:
 
 
 class ReferenceGroup:
+    role = "reference"
+
     def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float):
         self.workers, self.ids, self.timeout_s = workers, ids, timeout_s
 
@@ -56,6 +60,6 @@ class ReferenceGroup:
         sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
         refs = [w.log_probs.remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx], temperature)
                 for w, idx in zip(self.workers, sh.indices)]
-        results = gather(refs, self.ids, stage="reference.log_probs", timeout_s=self.timeout_s)
+        results = gather(refs, self.ids, stage=f"{self.role}.log_probs", timeout_s=self.timeout_s)
         return LogProbs(policy_version=t.policy_version, values=dispatch.merge(sh, [r[0] for r in results]),
                            compute_s=max(r[1] for r in results))

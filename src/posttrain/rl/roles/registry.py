@@ -160,6 +160,14 @@ ROLES: dict[str, RoleSpec] = {
         takes=("Trajectories",), returns=("LogProbs",), trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reference_workers, enabled=lambda s: s.rl.kl_coef > 0,
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s))),
+    "teacher": RoleSpec(
+        name="teacher", worker="posttrain.rl.roles.teacher:TeacherWorker",
+        group="posttrain.rl.roles.teacher:TeacherGroup",
+        fan_out={"log_probs": FanOut.SPLIT_TOKENS},
+        takes=("Trajectories",), returns=("LogProbs",), trains=False, kuberay_group="train",
+        workers=lambda s: s.placement.teacher_workers, enabled=lambda s: s.rl.algorithm.value == "on_policy_distill",
+        worker_args=lambda s, rank, n: (s.rl.teacher, s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s)),
+        reads_models=(ModelSetting("rl", "teacher"),)),
     "policy": RoleSpec(
         name="policy", worker="posttrain.rl.roles.policy:PolicyWorker",
         group="posttrain.rl.roles.policy_group:PolicyGroup",

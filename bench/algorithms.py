@@ -1,0 +1,170 @@
+"""Every RL algorithm on the embedded default, seeds 0-2. The README's algorithms table comes from this script.
+
+    .venv/bin/python bench/algorithms.py                                  # every algorithm, seeds 0 1 2
+    .venv/bin/python bench/algorithms.py --seeds 0 --algorithms grpo,rloo  # a subset
+    .venv/bin/python bench/algorithms.py --write-readme                   # also rewrite the README's table
+
+For each seed s and algorithm A, it runs `make run`'s job (`pyflyte run workflows/pipeline.py pipeline`, the
+tiny_cpu recipe) in a subprocess. Every seed of the run is s (bench/default_seeds.py's seed_overrides), and
+`rl.algorithm` is A with the settings ALGORITHMS gives it. Each seed has one store (`--home`; the default is
+a folder per seed under the system's temp folder), so data and SFT run once per seed and every algorithm
+starts RL from the same SFT model. With `rl.checkpoint_every` = `--curve-every`, the run also stores a model
+every that many steps. From each run the script reads:
+
+- the held-out greedy and sampled accuracy of the SFT and RL models (the pipeline's summary; 500 problems,
+  k=4 at T=1);
+- the greedy accuracy of every checkpoint (stages.evaluate, greedy only; cached in the store). From these: the
+  first checkpoint step at >= 0.9, and the RL wall time to it (the summed step times of the run's history);
+- tokens/s: the generated tokens over the RL loop's seconds.
+
+It runs one job at a time: on 2 cores, concurrent runs make every time noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+ALGORITHMS: dict[str, dict] = {
+    "grpo": {},
+    "rloo": {},
+    "dr_grpo": {},
+    "reinforce_pp": {},
+    "gspo": {"clip_low": 3e-4, "clip_high": 4e-4},  # the paper's: the sequence-level ratio moves by ~1e-3
+    "dapo": {"overlong_buffer": 2},  # responses longer than 6 of max_new_tokens 8 lose up to 1.0
+    "ppo": {"critic_lr": 1e-3, "critic_warmup_steps": 5},  # tiny_cpu_ppo's critic
+}
+"""rl.algorithm -> its settings beside tiny_cpu's RL section (the same batch, lr, warm-up and steps for all)."""
+TARGET = 0.9
+BEGIN, END = "<!-- algorithms:begin -->", "<!-- algorithms:end -->"
+
+
+def run(seed: int, algorithm: str, home: Path, curve_every: int) -> dict:
+    from default_seeds import seed_overrides
+
+    over = seed_overrides(seed, {"rl": {"algorithm": algorithm, "checkpoint_every": curve_every,
+                                        **ALGORITHMS[algorithm]}})
+    env = {**os.environ, "POSTTRAIN_HOME": str(home), "WANDB_MODE": "disabled"}
+    cmd = [str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", "pipeline",
+           "--overrides", json.dumps(over)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if out.returncode != 0:
+        raise SystemExit(f"seed {seed} {algorithm}: pipeline failed (exit {out.returncode}):\n"
+                         f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
+    acc = {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", out.stdout)}
+    model = re.findall(r"rl: (?:model|cache hit -> model) ([0-9a-f]+)", out.stdout)
+    if not model:
+        raise SystemExit(f"seed {seed} {algorithm}: no 'rl: model ID' line in the pipeline's output")
+    return {"seed": seed, "algorithm": algorithm, "wall_s": wall, "model": model[-1], **acc,
+            **curve(home, model[-1], seed)}
+
+
+def curve(home: Path, model_short: str, seed: int) -> dict:
+    """Greedy accuracy of the run's checkpoints, the first step at TARGET, and the RL seconds to it."""
+    from posttrain import stages
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.recipes import tiny_cpu
+
+    store = ArtifactStore(home)
+    final = store.manifest(store.ref(model_short).id)
+    history = final.extra.get("history") or []
+    dataset = next(store.ref(p) for p in final.parents if store.ref(p).kind == "dataset")
+    points = sorted((m.extra["step"], m.id) for m in store.list(kind="model")
+                    if m.extra.get("step") and m.parents == final.parents and m.config == final.config)
+    recipe = tiny_cpu()
+    eval_cfg = replace(recipe.eval, k=0)  # greedy only
+    accs = []
+    for step, mid in points:
+        e = stages.evaluate(eval_cfg, recipe.reward, model=store.ref(mid), dataset=dataset,
+                            run_id=f"bench-algorithms-{seed}", store=store)
+        accs.append((step, e.greedy_accuracy))
+    reached = next((s for s, a in accs if a >= TARGET), None)
+    step_s = [h["step_s"] for h in history]
+    tokens = sum(h["generated_tokens"] for h in history)
+    return {"curve": accs, "steps_to_target": reached,
+            "seconds_to_target": sum(step_s[:reached]) if reached else None,
+            "tokens_per_s": tokens / sum(step_s) if step_s else 0.0, "rl_loop_s": sum(step_s)}
+
+
+def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -> str:
+    lines = ["| algorithm | seed | SFT greedy | RL greedy (gain) | RL sampled (gain) | step at greedy >= 0.9 | "
+             "RL s to it | tokens/s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g0, s0 = r["sft_greedy_accuracy"], r["sft_sampled_accuracy"]
+        g1, s1 = r["rl_greedy_accuracy"], r["rl_sampled_accuracy"]
+        to = (f"{r['steps_to_target']}", f"{r['seconds_to_target']:.0f}") if r["steps_to_target"] else ("never", "-")
+        lines.append(f"| {r['algorithm']} | {r['seed']} | {g0:.3f} | {g1:.3f} ({g1 - g0:+.3f}) | {s1:.3f} "
+                     f"({s1 - s0:+.3f}) | {to[0]} | {to[1]} | {r['tokens_per_s']:.0f} |")
+    summary = []
+    for alg in dict.fromkeys(r["algorithm"] for r in rows):
+        gains = [r["rl_greedy_accuracy"] for r in rows if r["algorithm"] == alg]
+        summary.append(f"{alg} {statistics.mean(gains):.3f} (min {min(gains):.3f})")
+    command = " ".join(["bench/algorithms.py", *[a for a in argv if a != "--write-readme"]])
+    lines += ["", f"Held-out greedy accuracy after RL, mean over seeds: {'; '.join(summary)}. Steps to 0.9: the "
+              f"first checkpoint (every {rows[0].get('curve_every', '?')} steps) whose greedy accuracy is >= 0.9. "
+              f"Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load "
+              f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end)."]
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def write_readme(block: str) -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    readme.write_text(text[:a] + "\n" + block + "\n" + text[b:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated: " + ", ".join(ALGORITHMS))
+    ap.add_argument("--curve-every", type=int, default=20, help="checkpoint (and evaluate) every this many steps")
+    ap.add_argument("--home", default=str(Path(tempfile.gettempdir()) / "posttrain-algorithms" / "seed{seed}"),
+                    help="the store of each seed ('{seed}' is replaced)")
+    ap.add_argument("--write-readme", action="store_true", help="replace the README's algorithms table")
+    ap.add_argument("--json", default="", help="also write the rows here")
+    args = ap.parse_args(argv)
+    algorithms = args.algorithms.split(",")
+    if unknown := set(algorithms) - set(ALGORITHMS):
+        ap.error(f"--algorithms: unknown {sorted(unknown)}")
+    rows = []
+    for seed in args.seeds:
+        home = Path(args.home.format(seed=seed))
+        home.mkdir(parents=True, exist_ok=True)
+        for alg in algorithms:
+            r = {**run(seed, alg, home, args.curve_every), "curve_every": args.curve_every}
+            print(json.dumps({k: v for k, v in r.items()}), flush=True)
+            rows.append(r)
+    rows.sort(key=lambda r: (algorithms.index(r["algorithm"]), r["seed"]))
+    block = table(rows, argv, os.getloadavg())
+    print("\n" + block)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.write_readme:
+        write_readme(block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
