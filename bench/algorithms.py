@@ -6,7 +6,7 @@
 
 For each seed s and algorithm A, it runs `make run`'s job (`pyflyte run workflows/pipeline.py pipeline`, the
 tiny_cpu recipe) in a subprocess. Every seed of the run is s (bench/default_seeds.py's seed_overrides), and
-`rl.algorithm` is A with the settings ALGORITHMS gives it. Each seed has one store (`--home`; the default is
+`rl.algorithm` is A with the settings ALGORITHMS gives it (on_policy_distill: the seed's GRPO model as teacher). Each seed has one store (`--home`; the default is
 a folder per seed under the system's temp folder), so data and SFT run once per seed and every algorithm
 starts RL from the same SFT model. With `rl.checkpoint_every` = `--curve-every`, the run also stores a model
 every that many steps. From each run the script reads:
@@ -14,7 +14,8 @@ every that many steps. From each run the script reads:
 - the held-out greedy and sampled accuracy of the SFT and RL models (the pipeline's summary; 500 problems,
   k=4 at T=1);
 - the greedy accuracy of every checkpoint (stages.evaluate, greedy only; cached in the store). From these: the
-  first checkpoint step at >= 0.9, and the RL wall time to it (the summed step times of the run's history);
+  first checkpoint step at >= 0.9 and at >= 0.95, and the RL wall time to each (the summed step times of the
+  run's history);
 - tokens/s: the generated tokens over the RL loop's seconds.
 
 It runs one job at a time: on 2 cores, concurrent runs make every time noise.
@@ -45,17 +46,19 @@ ALGORITHMS: dict[str, dict] = {
     "gspo": {"clip_low": 3e-4, "clip_high": 4e-4},  # the paper's: the sequence-level ratio moves by ~1e-3
     "dapo": {"overlong_buffer": 2},  # responses longer than 6 of max_new_tokens 8 lose up to 1.0
     "ppo": {"critic_lr": 1e-3, "critic_warmup_steps": 5},  # tiny_cpu_ppo's critic
+    "on_policy_distill": {"teacher": "{grpo}"},  # the same seed's GRPO model (run first) as the teacher
 }
 """rl.algorithm -> its settings beside tiny_cpu's RL section (the same batch, lr, warm-up and steps for all)."""
-TARGET = 0.9
+TARGETS = (0.9, 0.95)
 BEGIN, END = "<!-- algorithms:begin -->", "<!-- algorithms:end -->"
 
 
-def run(seed: int, algorithm: str, home: Path, curve_every: int) -> dict:
+def run(seed: int, algorithm: str, home: Path, curve_every: int, models: dict[str, str]) -> dict:
+    """`models`: algorithm -> final model id of this seed's runs so far ("{grpo}" in a setting is GRPO's)."""
     from default_seeds import seed_overrides
 
-    over = seed_overrides(seed, {"rl": {"algorithm": algorithm, "checkpoint_every": curve_every,
-                                        **ALGORITHMS[algorithm]}})
+    settings = {k: v.format(**models) if isinstance(v, str) else v for k, v in ALGORITHMS[algorithm].items()}
+    over = seed_overrides(seed, {"rl": {"algorithm": algorithm, "checkpoint_every": curve_every, **settings}})
     env = {**os.environ, "POSTTRAIN_HOME": str(home), "WANDB_MODE": "disabled"}
     cmd = [str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", "pipeline",
            "--overrides", json.dumps(over)]
@@ -74,7 +77,7 @@ def run(seed: int, algorithm: str, home: Path, curve_every: int) -> dict:
 
 
 def curve(home: Path, model_short: str, seed: int) -> dict:
-    """Greedy accuracy of the run's checkpoints, the first step at TARGET, and the RL seconds to it."""
+    """Greedy accuracy of the run's checkpoints, the first step at each of TARGETS, and the RL seconds to it."""
     from posttrain import stages
     from posttrain.artifacts import ArtifactStore
     from posttrain.recipes import tiny_cpu
@@ -92,31 +95,38 @@ def curve(home: Path, model_short: str, seed: int) -> dict:
         e = stages.evaluate(eval_cfg, recipe.reward, model=store.ref(mid), dataset=dataset,
                             run_id=f"bench-algorithms-{seed}", store=store)
         accs.append((step, e.greedy_accuracy))
-    reached = next((s for s, a in accs if a >= TARGET), None)
     step_s = [h["step_s"] for h in history]
     tokens = sum(h["generated_tokens"] for h in history)
-    return {"curve": accs, "steps_to_target": reached,
-            "seconds_to_target": sum(step_s[:reached]) if reached else None,
-            "tokens_per_s": tokens / sum(step_s) if step_s else 0.0, "rl_loop_s": sum(step_s)}
+    out = {"curve": accs, "model_id": final.id, "tokens_per_s": tokens / sum(step_s) if step_s else 0.0,
+           "rl_loop_s": sum(step_s)}
+    for t in TARGETS:
+        reached = next((s for s, a in accs if a >= t), None)
+        out[f"steps_to_{t}"] = reached
+        out[f"seconds_to_{t}"] = sum(step_s[:reached]) if reached else None
+    return out
 
 
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -> str:
-    lines = ["| algorithm | seed | SFT greedy | RL greedy (gain) | RL sampled (gain) | step at greedy >= 0.9 | "
-             "RL s to it | tokens/s |",
+    lines = ["| algorithm | seed | SFT greedy | RL greedy (gain) | RL sampled (gain) | steps (RL s) to greedy 0.9 | "
+             "to 0.95 | tokens/s |",
              "|---|---|---|---|---|---|---|---|"]
+
+    def to(r, t):
+        return f"{r[f'steps_to_{t}']} ({r[f'seconds_to_{t}']:.0f} s)" if r[f"steps_to_{t}"] else "not reached"
+
     for r in rows:
         g0, s0 = r["sft_greedy_accuracy"], r["sft_sampled_accuracy"]
         g1, s1 = r["rl_greedy_accuracy"], r["rl_sampled_accuracy"]
-        to = (f"{r['steps_to_target']}", f"{r['seconds_to_target']:.0f}") if r["steps_to_target"] else ("never", "-")
         lines.append(f"| {r['algorithm']} | {r['seed']} | {g0:.3f} | {g1:.3f} ({g1 - g0:+.3f}) | {s1:.3f} "
-                     f"({s1 - s0:+.3f}) | {to[0]} | {to[1]} | {r['tokens_per_s']:.0f} |")
+                     f"({s1 - s0:+.3f}) | {to(r, 0.9)} | {to(r, 0.95)} | {r['tokens_per_s']:.0f} |")
     summary = []
     for alg in dict.fromkeys(r["algorithm"] for r in rows):
         gains = [r["rl_greedy_accuracy"] for r in rows if r["algorithm"] == alg]
         summary.append(f"{alg} {statistics.mean(gains):.3f} (min {min(gains):.3f})")
     command = " ".join(["bench/algorithms.py", *[a for a in argv if a != "--write-readme"]])
-    lines += ["", f"Held-out greedy accuracy after RL, mean over seeds: {'; '.join(summary)}. Steps to 0.9: the "
-              f"first checkpoint (every {rows[0].get('curve_every', '?')} steps) whose greedy accuracy is >= 0.9. "
+    lines += ["", f"Held-out greedy accuracy after RL, mean over seeds: {'; '.join(summary)}. Steps to 0.9 / 0.95: "
+              f"the first checkpoint (every {rows[0].get('curve_every', '?')} steps) whose greedy accuracy reaches "
+              f"it; RL s: the summed step times up to it. on_policy_distill's teacher is the same seed's GRPO model. "
               f"Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load "
               f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end)."]
     return "\n".join(lines)
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated: " + ", ".join(ALGORITHMS))
-    ap.add_argument("--curve-every", type=int, default=20, help="checkpoint (and evaluate) every this many steps")
+    ap.add_argument("--curve-every", type=int, default=10, help="checkpoint (and evaluate) every this many steps")
     ap.add_argument("--home", default=str(Path(tempfile.gettempdir()) / "posttrain-algorithms" / "seed{seed}"),
                     help="the store of each seed ('{seed}' is replaced)")
     ap.add_argument("--write-readme", action="store_true", help="replace the README's algorithms table")
@@ -148,12 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     algorithms = args.algorithms.split(",")
     if unknown := set(algorithms) - set(ALGORITHMS):
         ap.error(f"--algorithms: unknown {sorted(unknown)}")
+    if "on_policy_distill" in algorithms and "grpo" not in algorithms[:algorithms.index("on_policy_distill")]:
+        ap.error("--algorithms: on_policy_distill distils the seed's GRPO model: list grpo before it")
     rows = []
     for seed in args.seeds:
         home = Path(args.home.format(seed=seed))
         home.mkdir(parents=True, exist_ok=True)
+        models: dict[str, str] = {}
         for alg in algorithms:
-            r = {**run(seed, alg, home, args.curve_every), "curve_every": args.curve_every}
+            r = {**run(seed, alg, home, args.curve_every, models), "curve_every": args.curve_every}
+            models[alg] = r["model_id"]
             print(json.dumps({k: v for k, v in r.items()}), flush=True)
             rows.append(r)
     rows.sort(key=lambda r: (algorithms.index(r["algorithm"]), r["seed"]))

@@ -7,7 +7,7 @@ import importlib.util
 import math
 
 from posttrain.config.dense import DistillConfig, DPOConfig, PairsConfig
-from posttrain.config.enums import Algorithm, DataSchema, DistillLoss, DPOLoss, RolloutBackend
+from posttrain.config.enums import Algorithm, DataSchema, DistillLoss, DPOLoss, MismatchCorrection, RolloutBackend
 from posttrain.config.errors import ConfigError
 from posttrain.config.pipeline import PipelineConfig
 from posttrain.config.sections import (
@@ -247,6 +247,9 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.algorithm != Algorithm.ON_POLICY_DISTILL or bool(r.teacher.strip()), "rl.teacher",
            "on_policy_distill needs a teacher: an artifact id, a local HF folder or channel:NAME")
     _check(r.distill_reward_weight >= 0, "rl.distill_reward_weight", "must be >= 0")
+    _check(r.mismatch_cap > 1, "rl.mismatch_cap", "must be > 1")
+    _check(r.mismatch_correction != MismatchCorrection.OFF or r.mismatch_cap == RLConfig().mismatch_cap,
+           "rl.mismatch_cap", "only means something with rl.mismatch_correction set (this run: 'off')")
     _check(0 <= r.overlong_buffer <= r.max_new_tokens, "rl.overlong_buffer",
            f"must be in [0, rl.max_new_tokens = {r.max_new_tokens}] (0: off)")
     _check(r.overlong_penalty >= 0, "rl.overlong_penalty", "must be >= 0")

@@ -77,6 +77,15 @@ class KLEstimator(enum.Enum):
     K3 = "k3"  # exp(-log(p/q)) - 1 + log(p/q)  (unbiased, non-negative)
 
 
+class MismatchCorrection(enum.Enum):
+    """How the policy update corrects for the rollout engine's log-probs differing from the trainer's
+    (posttrain.rl.algorithms.mismatch)."""
+    OFF = "off"  # the rollout's log-probs are the ratio's old log-probs; only the drift gate watches the gap
+    TOKEN_TIS = "token_tis"  # trainer's old log-probs; each token weighted by min(p_old / q, rl.mismatch_cap)
+    SEQUENCE_TIS = "sequence_tis"  # ... each sequence by min(prod p_old / q, rl.mismatch_cap)
+    TOKEN_MASK = "token_mask"  # ... tokens whose p_old / q leaves [1 / cap, cap] are left out
+
+
 class LossAgg(enum.Enum):
     TOKEN_MEAN = "token_mean"  # mean over all response tokens of the global batch
     SEQ_MEAN = "seq_mean"  # mean over sequences of each sequence's token mean

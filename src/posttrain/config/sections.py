@@ -17,6 +17,7 @@ from posttrain.config.enums import (
     DType,
     KLEstimator,
     LossAgg,
+    MismatchCorrection,
     Parallelism,
     PlacementMode,
     RolloutBackend,
@@ -338,6 +339,14 @@ class RLConfig:
     """Keep the resumable training state after the final model is stored (default: deleted then)."""
     drift_threshold: float = 0.05
     """Fail when mean |rollout logprob - policy logprob| over the same tokens exceeds this."""
+    mismatch_correction: MismatchCorrection = MismatchCorrection.OFF
+    """Correct for the rollout engine's log-probs differing from the trainer's (posttrain.rl.algorithms.mismatch):
+    'off'; 'token_tis' / 'sequence_tis' (the trainer's own old log-probs at the rollout's version, each token /
+    sequence weighted by the truncated importance ratio trainer / rollout); 'token_mask' (tokens whose ratio
+    leaves [1 / rl.mismatch_cap, rl.mismatch_cap] are left out). The gap is logged every step either way
+    (mismatch/kl, mismatch/max_abs_logp). rl.drift_threshold still stops a run whose gap is that large."""
+    mismatch_cap: float = 2.0
+    """The truncation cap C of the mismatch correction's importance ratio (verl's default threshold: 2)."""
     remote_timeout_s: float = 300.0
     """Timeout for every remote call to a role worker; the error names the stage and the worker."""
     step_timeout_s: float = 1800.0

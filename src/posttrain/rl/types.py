@@ -173,6 +173,10 @@ class UpdateStats:
     """False: a gate stopped the update before its optimizer step (drift above rl.drift_threshold or NaN, or a
     non-finite gradient norm; `stopped` says which): weights and version are unchanged."""
     stopped: str = ""
+    mismatch_kl: float = 0.0
+    """KL(rollout || trainer) at the batch's version, k3 estimate on the rollout's samples, per token."""
+    mismatch_max: float = 0.0
+    """max |trainer - rollout log-prob| over those tokens."""
 
 
 @dataclass(frozen=True, kw_only=True)

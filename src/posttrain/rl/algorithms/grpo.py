@@ -56,13 +56,16 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
                 clip_low: float, clip_high: float, loss_agg: LossAgg, ref_logp: torch.Tensor | None = None,
                 kl_coef: float = 0.0, kl_estimator: KLEstimator = KLEstimator.K3,
                 normalizer: float | None = None,
-                clip_ratio_c: float | None = None) -> tuple[torch.Tensor, PolicyLossStats]:
+                clip_ratio_c: float | None = None,
+                weights: torch.Tensor | None = None) -> tuple[torch.Tensor, PolicyLossStats]:
     """logp, old_logp, mask, ref_logp: (B, T); advantages: (B,) one per sequence, or (B, T) one per token (PPO).
     Returns (scalar loss, stats).
 
     per token:  -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) + kl_coef * KL,   r = exp(logp - old_logp)
     dual-clip (clip_ratio_c given, > 1; Ye et al. 2019, verl's clip_ratio_c): where A < 0 the policy term is
                 min(that, -A * clip_ratio_c), which bounds the loss of a token whose ratio has run far above 1.
+    weights (B, T): each token's policy term is multiplied by it (the mismatch correction's truncated importance
+                ratios, verl's rollout_is_weights); the KL term is not.
     No clamp of logp - old_logp before exp (verl clamps it to [-20, 20]).
     Aggregation: `aggregate`.
     """
@@ -79,6 +82,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         bound = -adv * clip_ratio_c
         lower = ((pg > bound) & (adv < 0)).float()
         pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
+    if weights is not None:
+        pg = pg * weights
     per_token = pg
     kl = torch.zeros_like(pg)
     if ref_logp is not None and kl_coef > 0:

@@ -58,7 +58,8 @@ def reinforce_pp_returns(token_rewards: torch.Tensor, mask: torch.Tensor, *, gam
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
               clip_low: float, clip_high: float, loss_agg: LossAgg = LossAgg.SEQ_MEAN,
               ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0, kl_estimator: KLEstimator = KLEstimator.K3,
-              normalizer: float | None = None) -> tuple[torch.Tensor, PolicyLossStats]:
+              normalizer: float | None = None, weights: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, PolicyLossStats]:
     """The GSPO objective. logp, old_logp, mask, ref_logp: (B, T); advantages: (B,) one per sequence, or (B, T).
     Returns (scalar loss, stats).
 
@@ -77,6 +78,8 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     pg = torch.maximum(unclipped, clipped)
+    if weights is not None:  # the mismatch correction's per-token weights (verl's rollout_is_weights)
+        pg = pg * weights
     per_token, kl = pg, torch.zeros_like(pg)
     if ref_logp is not None and kl_coef > 0:
         kl = kl_penalty(logp, ref_logp, kl_estimator)

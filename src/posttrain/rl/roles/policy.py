@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from posttrain.artifacts import ArtifactStore
-from posttrain.config import DType, ModelConfig, RLConfig
+from posttrain.config import DType, MismatchCorrection, ModelConfig, RLConfig
 from posttrain.models.generate import entropy_from_logits, forward_response_logits, sampling_logprobs, sequence_logprobs
 from posttrain.models.io import (
     compute_dtype,
@@ -70,7 +70,7 @@ from posttrain.models.io import (
     save_model,
 )
 from posttrain.rl import weight_transfer
-from posttrain.rl.algorithms import grpo, pg
+from posttrain.rl.algorithms import grpo, mismatch, pg
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import ModelPut, PolicyLoss, RankUpdate, TrainBatch
@@ -142,8 +142,18 @@ class PolicyWorker(SPMDWorker):
                                f"this rank holds version {self.version}")
         t0 = time.perf_counter()
         cfg = self.cfg
-        sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ent": 0.0, "tok": 0}
+        sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ent": 0.0, "tok": 0, "mm_kl": 0.0, "mm_max": 0.0,
+                "mm_tok": 0}
         grad_norm, drift = 0.0, math.nan
+        # the trainer's own log-probs at the batch's version: the first forward's when there is one pass over one
+        # mini-batch, else a no-grad forward over every shard before any optimizer step (mismatch correction)
+        trainer_old = None
+        if cfg.mismatch_correction != MismatchCorrection.OFF and (cfg.inner_epochs > 1 or len(shards) > 1):
+            trainer_old = [self._trainer_logprobs(sh) for sh in shards]
+            for sh, rows in zip(shards, trainer_old):
+                shape = (len(rows), max((len(r) for r in rows), default=0))
+                mask = _pad([[1.0] * len(r) for r in sh.response_ids], shape).bool()
+                self._record_mismatch(sums, _pad(rows, shape), _pad(sh.old_logprobs, shape), mask)
         for epoch in range(cfg.inner_epochs):
             for j, sh in enumerate(shards):
                 norm = grpo.normalizer(sh.loss_agg or cfg.loss_agg, tokens=g_tok[j], sequences=g_seq[j],
@@ -152,10 +162,13 @@ class PolicyWorker(SPMDWorker):
                 bounds = [round(i * n / n_mic[j]) for i in range(n_mic[j] + 1)]
                 drift_sum, drift_tok = 0.0, 0.0
                 for m in range(n_mic[j]):
-                    out = self._backward(sh, bounds[m], bounds[m + 1], norm, sync=m == n_mic[j] - 1)
+                    out = self._backward(sh, bounds[m], bounds[m + 1], norm, sync=m == n_mic[j] - 1,
+                                         trainer_old=trainer_old[j] if trainer_old else None)
                     if epoch == 0:
                         d, k = self._record(sums, *out, scale=1.0 / len(shards))
                         drift_sum, drift_tok = drift_sum + d, drift_tok + k
+                        if j == 0 and trainer_old is None:  # at the batch's version: the gap, measured
+                            self._record_mismatch(sums, out[1].detach(), out[2], out[3])
                 if epoch == 0 and j == 0:
                     drift, why = self._first_epoch_gates(sums, drift_sum, drift_tok, drift_threshold)
                     if why:
@@ -173,9 +186,13 @@ class PolicyWorker(SPMDWorker):
         return_free_memory()
         return self._answer(sums, t0, drift, grad_norm, applied=True, stopped="")
 
-    def _backward(self, shard: TrainBatch, lo: int, hi: int, norm: float, sync: bool) -> tuple:
-        """Forward, GRPO loss and backward of rows lo:hi of the shard; DDP all-reduces the gradients only when
-        `sync` (the last micro-batch). Returns (logits, log-probs, rollout log-probs, mask, loss, loss stats)."""
+    def _backward(self, shard: TrainBatch, lo: int, hi: int, norm: float, sync: bool,
+                  trainer_old: list[list[float]] | None = None) -> tuple:
+        """Forward, policy loss and backward of rows lo:hi of the shard; DDP all-reduces the gradients only when
+        `sync` (the last micro-batch). With rl.mismatch_correction the ratio's old log-probs are the trainer's at
+        the batch's version (`trainer_old` rows, else this forward's own: one pass over one mini-batch) and each
+        token's policy term carries its truncated importance weight. Returns (logits, log-probs, rollout
+        log-probs, mask, loss, loss stats)."""
         cfg = self.cfg
         with (self.net.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
             with self._autocast():
@@ -189,10 +206,16 @@ class PolicyWorker(SPMDWorker):
                    else torch.tensor(rows, dtype=torch.float32)).to(self.device)  # (b,) per sequence (GRPO)
             kw = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "loss_agg": shard.loss_agg or cfg.loss_agg,
                   "ref_logp": ref, "kl_coef": cfg.kl_coef, "kl_estimator": cfg.kl_estimator, "normalizer": norm}
+            ratio_old = old
+            if cfg.mismatch_correction != MismatchCorrection.OFF:
+                ratio_old = (_pad(trainer_old[lo:hi], logp.shape).to(self.device) if trainer_old is not None
+                             else logp.detach())
+                kw["weights"] = mismatch.mismatch_weights(ratio_old, old, mask, mode=cfg.mismatch_correction,
+                                                          cap=cfg.mismatch_cap)
             if shard.loss == PolicyLoss.GSPO:
-                loss, st = pg.gspo_loss(logp, old, adv, mask, **kw)
+                loss, st = pg.gspo_loss(logp, ratio_old, adv, mask, **kw)
             else:
-                loss, st = grpo.policy_loss(logp, old, adv, mask, clip_ratio_c=cfg.clip_ratio_c or None, **kw)
+                loss, st = grpo.policy_loss(logp, ratio_old, adv, mask, clip_ratio_c=cfg.clip_ratio_c or None, **kw)
             (loss * self.world).backward()
         return logits, logp, old, mask, loss, st
 
@@ -210,6 +233,28 @@ class PolicyWorker(SPMDWorker):
         sums["ent"] += float((ent * mask).sum())
         sums["tok"] += k
         return drift, float(mask.sum())
+
+    @staticmethod
+    def _record_mismatch(sums: dict, trainer_logp, rollout_logp, mask) -> None:
+        k3, mx, n = mismatch.mismatch_stats(trainer_logp, rollout_logp, mask)
+        sums["mm_kl"] += k3
+        sums["mm_tok"] += n
+        sums["mm_max"] = max(sums["mm_max"], mx)
+
+    @torch.no_grad()
+    def _trainer_logprobs(self, sh: TrainBatch) -> list[list[float]]:
+        """This rank's log-probs of the shard's tokens at its current weights, in micro-batches."""
+        self.model.eval()
+        out: list[list[float]] = []
+        mb = self.cfg.micro_batch_size
+        for lo in range(0, len(sh.response_ids), mb):
+            with self._autocast():
+                lp = sequence_logprobs(self.model, sh.prompt_ids[lo:lo + mb], sh.response_ids[lo:lo + mb],
+                                       temperature=self.cfg.temperature, pad_id=self.tok.pad_token_id,
+                                       top_p=self.cfg.top_p, top_k=self.cfg.top_k)
+            out += [x.tolist() for x in lp]
+        self.model.train()
+        return out
 
     def _first_epoch_gates(self, sums: dict, drift_sum: float, drift_tok: float, threshold: float
                            ) -> tuple[float, str]:
@@ -231,7 +276,8 @@ class PolicyWorker(SPMDWorker):
 
     def _answer(self, sums: dict, t0: float, drift: float, grad_norm: float, *, applied: bool,
                 stopped: str) -> RankUpdate:
-        return RankUpdate(loss=sums["loss"], sums=tuple((k, float(sums[k])) for k in ("pg", "kl", "clip", "ent")),
+        return RankUpdate(loss=sums["loss"], sums=tuple((k, float(sums[k])) for k in ("pg", "kl", "clip", "ent",
+                                                                                    "mm_kl", "mm_max", "mm_tok")),
                           tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version, checksum=self.checksum(),
                           applied=applied, stopped=stopped, compute_s=time.perf_counter() - t0, drift=drift)
 

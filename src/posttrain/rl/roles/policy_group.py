@@ -59,10 +59,13 @@ class PolicyGroup(SPMDGroup):
 
         first = res[0]
         self.version, self._checksum = first.version, first.checksum
+        mm_tok = sum(dict(r.sums).get("mm_tok", 0.0) for r in res)
         return UpdateStats(policy_version=self.version, loss=sum(r.loss for r in res), pg_loss=mean("pg"),
                            kl=mean("kl"), entropy=mean("ent"), clip_fraction=mean("clip"), grad_norm=first.grad_norm,
                            weights_checksum=first.checksum, drift=first.drift, applied=first.applied,
-                           stopped=first.stopped, compute_s=max(r.compute_s for r in res))
+                           stopped=first.stopped, compute_s=max(r.compute_s for r in res),
+                           mismatch_kl=sum(dict(r.sums).get("mm_kl", 0.0) for r in res) / max(mm_tok, 1.0),
+                           mismatch_max=max(dict(r.sums).get("mm_max", 0.0) for r in res))
 
     def weights(self) -> WeightsHandle:
         """The weights for rollout workers. Their checksum is the one the update reported (hashing the weights
