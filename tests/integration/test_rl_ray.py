@@ -1,5 +1,6 @@
 """RL on a real local Ray (the `ray_local` fixture: 4 logical CPUs): placement, the controller with real
-role actors, and a stale rollout worker stopping the run. (RL raising held-out accuracy is the acceptance
+role actors, the teacher role of on-policy distillation and DAPO's extra draws through real actors, and a stale
+rollout worker stopping the run. (RL raising held-out accuracy is the acceptance
 test in test_pipeline_e2e.py: the default recipe end to end.)
 
 Run alone: `pytest -m ray tests/integration/test_rl_ray.py` (Ray tests run in their own pytest process)."""
@@ -142,6 +143,52 @@ def test_controller_with_real_ray_actors(ray_local, tiny_sft_model, tmp_path):
     assert manifest.extra["policy_version"] == 2 and manifest.extra["reward"]["kind"] == "verifier"
     assert len(manifest.extra["reward"]["source_sha256"]) == 64
     assert (store.get(res.model) / "model.safetensors").exists()
+    _assert_released(ray_local)
+
+
+@pytest.mark.timeout(900)
+def test_on_policy_distillation_through_the_rl_stage_names_its_teacher(ray_local, tiny_sft_model, tmp_path):
+    """stages.rl end to end: the teacher folder (a noised copy of the start model) is stored, started as its own
+    actor, scores the samples, and the distilled model names it as a parent."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from posttrain import stages
+    from posttrain.config import Algorithm
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_sft_model["model_dir"], teacher)
+    weights = load_file(teacher / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    save_file({k: v + 0.05 * torch.randn(v.shape, generator=g) * v.float().std() for k, v in weights.items()},
+              teacher / "model.safetensors", metadata={"format": "pt"})
+    store, model, data = _store_inputs(tmp_path, tiny_sft_model)
+    cfg = replace(SMALL, algorithm=Algorithm.ON_POLICY_DISTILL, teacher=str(teacher), kl_coef=0.0)
+    ref = stages.rl(cfg, RewardConfig(), PlacementConfig(policy_workers=2, rollout_workers=1), TRACKING,
+                    max_seq_len=32, start_model=model, dataset=data, run_id="opd", store=store)
+    manifest = store.manifest(ref)
+    teacher_ids = [p for p in manifest.parents if p not in (model.id, data.id)]
+    assert len(teacher_ids) == 1 and (store.get(store.ref(teacher_ids[0])) / "model.safetensors").exists()
+    history = manifest.extra["history"]
+    assert [h["policy_version"] for h in history] == [1, 2]
+    assert all(h["distill/reverse_kl"] != 0 and h["compute/teacher_s"] > 0 for h in history)
+    _assert_released(ray_local)
+
+
+@pytest.mark.timeout(900)
+def test_dapo_draws_more_prompts_through_real_actors(ray_local, tiny_sft_model, tmp_path):
+    from posttrain.config import Algorithm
+
+    cfg = replace(SMALL, algorithm=Algorithm.DAPO, kl_coef=0.0, max_extra_draws=2, overlong_buffer=2)
+    store, res, model, data = _run(tmp_path, tiny_sft_model, cfg, PlacementConfig(policy_workers=2, rollout_workers=1))
+    assert res.steps == 2
+    for m in res.history:
+        kept, dropped, draws = (m.extra[f"dapo/{k}"] for k in ("kept_groups", "dropped_groups", "draws"))
+        assert kept + dropped >= SMALL.prompts_per_step and 0 <= draws <= 2
+        assert m.num_samples == SMALL.prompts_per_step * SMALL.samples_per_prompt * (1 + int(draws))
+        assert kept == SMALL.prompts_per_step or m.extra["dapo/short_batch"] == 1
     _assert_released(ray_local)
 
 
