@@ -65,7 +65,8 @@ def _run(folders, cfg, sigma: float):
     md = str(folders["llama"])
     rollout = (_noisy_rollout(sigma) if sigma else RolloutWorker)(md, 0, 1)
     policy = PolicyWorker(md, cfg, 0, 1)
-    pg = PolicyGroup([LocalActor(policy)], [policy.identity()], 60, cfg.micro_batch_size, seed=cfg.seed)
+    pg = PolicyGroup([LocalActor(policy)], [policy.identity()], 60, cfg.micro_batch_size,
+                     mini_batches=cfg.mini_batches, seed=cfg.seed)
     pg.setup()
     groups = {"rollout": RolloutGroup([LocalActor(rollout)], [rollout.identity()], 60), "reward": EvenTokens(),
               "policy": pg}
@@ -126,3 +127,18 @@ def test_the_correction_settings_are_checked():
         with pytest.raises(ConfigError, match=field):
             validate(replace(base, rl=rl), ())
 
+
+
+@pytest.mark.parametrize("mode", [MismatchCorrection.TOKEN_TIS, MismatchCorrection.SEQUENCE_TIS,
+                                  MismatchCorrection.TOKEN_MASK])
+def test_with_several_passes_the_trainer_log_probs_come_from_a_pass_before_any_optimizer_step(folders, world_of_one,
+                                                                                              mode):
+    """inner_epochs 2 and mini_batches 2: the old log-probs cannot come from the update's own first forward (the
+    second mini-batch's runs after an optimizer step), so a no-grad pass at the batch's version gives them; the
+    logged gap then covers the whole batch, and every mode trains."""
+    cfg = replace(CFG, steps=3, inner_epochs=2, mini_batches=2, mismatch_correction=mode)
+    history = _run(folders, cfg, SIGMA)
+    assert [m.policy_version for m in history] == [1, 2, 3]
+    assert all(m.extra["mismatch/kl"] > 0.05 and m.extra["mismatch/max_abs_logp"] > 0.5 for m in history)
+    matched = _run(folders, cfg, 0.0)
+    assert all(m.extra["mismatch/kl"] < 1e-7 for m in matched)  # the no-grad pass agrees with the rollout
