@@ -107,8 +107,8 @@ def curve(home: Path, model_short: str, seed: int) -> dict:
 
 
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -> str:
-    lines = ["| algorithm | seed | SFT greedy | RL greedy (gain) | RL sampled (gain) | steps (RL s) to greedy 0.9 | "
-             "to 0.95 | tokens/s |",
+    lines = [("| algorithm | seed | SFT greedy | RL greedy (gain) | RL sampled (gain) | steps (RL s) to greedy 0.9 | "
+              "to 0.95 | tokens/s |"),
              "|---|---|---|---|---|---|---|---|"]
 
     def to(r, t):
@@ -124,16 +124,17 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -
         gains = [r["rl_greedy_accuracy"] for r in rows if r["algorithm"] == alg]
         summary.append(f"{alg} {statistics.mean(gains):.3f} (min {min(gains):.3f})")
     command = " ".join(["bench/algorithms.py", *[a for a in argv if a != "--write-readme"]])
-    lines += ["", f"Held-out greedy accuracy after RL, mean over seeds: {'; '.join(summary)}. Steps to 0.9 / 0.95: "
-              f"the first checkpoint (every {rows[0].get('curve_every', '?')} steps) whose greedy accuracy reaches "
-              f"it; RL s: the summed step times up to it. on_policy_distill's teacher is the same seed's GRPO model. "
-              f"Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load "
-              f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end)."]
+    lines += ["", (f"Held-out greedy accuracy after RL, mean over seeds: {'; '.join(summary)}. Steps to 0.9 / 0.95: "
+                   f"the first checkpoint (every {rows[0].get('curve_every', '?')} steps) whose greedy accuracy "
+                   f"reaches it; RL s: the summed step times up to it. on_policy_distill's teacher is the same seed's "
+                   f"GRPO model. Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit "
+                   f"{_commit()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).")]
     return "\n".join(lines)
 
 
 def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                         check=False)
     return out.stdout.strip() or "unknown"
 
 

@@ -182,7 +182,7 @@ def test_dapo_draws_more_prompts_through_real_actors(ray_local, tiny_sft_model, 
     from posttrain.config import Algorithm
 
     cfg = replace(SMALL, algorithm=Algorithm.DAPO, kl_coef=0.0, max_extra_draws=2, overlong_buffer=2)
-    store, res, model, data = _run(tmp_path, tiny_sft_model, cfg, PlacementConfig(policy_workers=2, rollout_workers=1))
+    _store, res, _model, _data = _run(tmp_path, tiny_sft_model, cfg, PlacementConfig(policy_workers=2, rollout_workers=1))
     assert res.steps == 2
     for m in res.history:
         kept, dropped, draws = (m.extra[f"dapo/{k}"] for k in ("kept_groups", "dropped_groups", "draws"))

@@ -137,7 +137,7 @@ def _family_case(seed: int, holes: bool = False) -> dict:
 def _inputs() -> dict:
     return {"cases": [_family_case(s) for s in SEEDS] + [_family_case(10, holes=True)], "group": GROUP,
             "gammas": list(GAMMAS), "gspo_low": GSPO_LOW, "gspo_high": GSPO_HIGH, "overlong": OVERLONG,
-            "lengths": list(range(0, OVERLONG["max_len"] + 1))}
+            "lengths": list(range(OVERLONG["max_len"] + 1))}
 
 
 CASES = range(len(SEEDS) + 1)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from posttrain.config import Algorithm, LossAgg, RewardConfig, RLConfig
+from posttrain.config import Algorithm, LossAgg, RLConfig
 from posttrain.models.io import load_tokenizer
 from posttrain.rl.algorithms.grpo import group_advantages, kl_penalty
 from posttrain.rl.algorithms.pg import reinforce_pp_returns, rloo_advantages

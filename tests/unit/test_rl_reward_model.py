@@ -49,7 +49,7 @@ def test_a_reward_model_scores_like_its_own_pooled_forward_in_any_split(rm_dir):
     t = _traj()
     want = score_conversations(load_reward_model(rm_dir), load_tokenizer(rm_dir),
                                [m + [{"role": "assistant", "content": c}] for m, c in zip(t.messages, t.texts)])
-    assert len(set(round(x, 4) for x in want)) == 4
+    assert len({round(x, 4) for x in want}) == 4
     for n in (1, 2):
         workers = [RewardModelWorker([str(rm_dir)], r, n, batch_size=3) for r in range(n)]
         g = RewardModelGroup([LocalActor(w) for w in workers], [w.identity() for w in workers], 60, [str(rm_dir)])

@@ -202,7 +202,7 @@ def _check_reward(w: RewardConfig, *, trained_model: bool = False) -> None:
 def _used_only_by(r: RLConfig, name: str, algorithms: tuple[Algorithm, ...], why: str = "") -> None:
     """A setting that only some algorithms read must keep its default under the others."""
     _check(r.algorithm in algorithms or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
-           f"only means something with rl.algorithm " + " / ".join(repr(a.value) for a in algorithms) +
+           "only means something with rl.algorithm " + " / ".join(repr(a.value) for a in algorithms) +
            f" (this run: {r.algorithm.value!r})" + (f": {why}" if why else ""))
 
 

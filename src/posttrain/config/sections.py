@@ -236,7 +236,7 @@ class RewardConfig:
     reward, and the function's score is still computed and logged (reward/fn_mean, reward/fn_accuracy) to
     watch what the models reward."""
 
-    def function_only(self) -> "RewardConfig":
+    def function_only(self) -> RewardConfig:
         """These settings without the reward models and their mix: what evaluation and pair scoring use (they
         score with the function or verifier alone), so their caches do not depend on RL's reward mix."""
         return replace(self, models=[], model_weights=[], fn_weight=1.0)

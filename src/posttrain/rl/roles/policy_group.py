@@ -7,7 +7,6 @@ checkpoint calls out. Every remote wait is bounded by the group's timeout and na
 from __future__ import annotations
 
 import dataclasses
-
 import math
 
 import torch

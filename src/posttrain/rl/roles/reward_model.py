@@ -18,6 +18,7 @@ to reward.fn_weight x the functions' score. Nothing else names this role.
 from __future__ import annotations
 
 import time
+
 import torch
 
 from posttrain.config import DType, ModelConfig
