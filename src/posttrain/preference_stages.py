@@ -9,7 +9,7 @@ from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.config import PairsConfig, RewardConfig, to_dict
-from posttrain.stages import source_digest
+from posttrain.stage_support import source_digest
 
 
 def pairs(cfg: PairsConfig, reward: RewardConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,

@@ -223,53 +223,62 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.lr > 0, "rl.lr", "must be > 0")
     _check(r.warmup_steps >= 0, "rl.warmup_steps", "must be >= 0")
     _check(r.inner_epochs >= 1, "rl.inner_epochs", "must be >= 1")
+    _check(r.mini_batches >= 1, "rl.mini_batches", "must be >= 1")
     _check(r.micro_batch_size >= 1, "rl.micro_batch_size", "must be >= 1")
     _check(0 < r.clip_low < 1, "rl.clip_low", "must be in (0, 1)")
     _check(r.clip_high > 0, "rl.clip_high", "must be > 0")
+    _check(r.clip_ratio_c == 0 or r.clip_ratio_c > 1, "rl.clip_ratio_c", "must be 0 (off) or > 1")
     _check(r.kl_coef >= 0, "rl.kl_coef", "must be >= 0")
     _check(r.checkpoint_every >= 0, "rl.checkpoint_every", "must be >= 0")
     _check(r.drift_threshold > 0, "rl.drift_threshold", "must be > 0")
+    _check(r.mismatch_cap > 1, "rl.mismatch_cap", "must be > 1")
+    _check(r.mismatch_correction != MismatchCorrection.OFF or r.mismatch_cap == RLConfig().mismatch_cap,
+           "rl.mismatch_cap", "only means something with rl.mismatch_correction set (this run: 'off')")
     _check(r.remote_timeout_s > 0, "rl.remote_timeout_s", "must be > 0")
     _check(r.step_timeout_s > 0, "rl.step_timeout_s", "must be > 0")
     _check(r.max_restarts >= 0, "rl.max_restarts", "must be >= 0")
     _check(r.rollout_backend != RolloutBackend.VLLM or vllm_installed(), "rl.rollout_backend", _NO_VLLM)
-    ppo = r.algorithm == Algorithm.PPO
-    for name in ("kl_in_reward", "lam", "critic_lr", "critic_warmup_steps", "critic_init", "value_clip"):
-        _check(ppo or getattr(r, name) == getattr(RLConfig(), name), f"rl.{name}",
-               f"only means something with rl.algorithm 'ppo' (this run: {r.algorithm.value!r})")
-    _used_only_by(r, "gamma", (Algorithm.PPO, Algorithm.REINFORCE_PP))
-    _used_only_by(r, "std_normalize", (Algorithm.GRPO, Algorithm.GSPO, Algorithm.DAPO, Algorithm.ON_POLICY_DISTILL))
-    for name in ("max_extra_draws", "overlong_buffer", "overlong_penalty"):
-        _used_only_by(r, name, (Algorithm.DAPO,))
-    _check(r.max_extra_draws >= 0, "rl.max_extra_draws", "must be >= 0")
-    for name in ("teacher", "distill_reward_weight"):
-        _used_only_by(r, name, (Algorithm.ON_POLICY_DISTILL,))
-    _check(r.algorithm != Algorithm.ON_POLICY_DISTILL or bool(r.teacher.strip()), "rl.teacher",
-           "on_policy_distill needs a teacher: an artifact id, a local HF folder or channel:NAME")
-    _check(r.distill_reward_weight >= 0, "rl.distill_reward_weight", "must be >= 0")
-    _check(r.mismatch_cap > 1, "rl.mismatch_cap", "must be > 1")
-    _check(r.mismatch_correction != MismatchCorrection.OFF or r.mismatch_cap == RLConfig().mismatch_cap,
-           "rl.mismatch_cap", "only means something with rl.mismatch_correction set (this run: 'off')")
-    _check(0 <= r.overlong_buffer <= r.max_new_tokens, "rl.overlong_buffer",
-           f"must be in [0, rl.max_new_tokens = {r.max_new_tokens}] (0: off)")
-    _check(r.overlong_penalty >= 0, "rl.overlong_penalty", "must be >= 0")
-    _used_only_by(r, "loss_agg", tuple(a for a in Algorithm if a not in (Algorithm.DR_GRPO, Algorithm.GSPO)),
-                  why="dr_grpo and gspo aggregate their own way")
-    _used_only_by(r, "clip_ratio_c", tuple(a for a in Algorithm if a != Algorithm.GSPO),
-                  why="gspo clips a sequence-level ratio, without dual-clip")
-    _check(r.algorithm != Algorithm.GSPO or max(r.clip_low, r.clip_high) <= 0.05, "rl.clip_low / rl.clip_high",
-           f"gspo clips the sequence-level ratio, whose deviations from 1 are ~1e-3: {r.clip_low} / {r.clip_high} "
-           f"would almost never clip; the paper uses 3e-4 / 4e-4")
+    _check_rl_algorithm(r)
+
+
+_ALL = tuple(Algorithm)
+_READ_BY: dict[str, tuple[tuple[Algorithm, ...], str]] = {
+    **{name: ((Algorithm.PPO,), "") for name in ("kl_in_reward", "lam", "critic_lr", "critic_warmup_steps",
+                                                  "critic_init", "value_clip")},
+    "gamma": ((Algorithm.PPO, Algorithm.REINFORCE_PP), ""),
+    "std_normalize": ((Algorithm.GRPO, Algorithm.GSPO, Algorithm.DAPO, Algorithm.ON_POLICY_DISTILL), ""),
+    **{name: ((Algorithm.DAPO,), "") for name in ("max_extra_draws", "overlong_buffer", "overlong_penalty")},
+    **{name: ((Algorithm.ON_POLICY_DISTILL,), "") for name in ("teacher", "distill_reward_weight")},
+    "loss_agg": (tuple(a for a in _ALL if a not in (Algorithm.DR_GRPO, Algorithm.GSPO)),
+                 "dr_grpo and gspo aggregate their own way"),
+    "clip_ratio_c": (tuple(a for a in _ALL if a != Algorithm.GSPO), "gspo clips a sequence-level ratio, without dual-clip"),
+}
+"""rl.* setting -> (the algorithms that read it, why the others do not): under any other algorithm it must keep
+its default (a setting that does nothing is refused)."""
+
+
+def _check_rl_algorithm(r: RLConfig) -> None:
+    """The settings of particular algorithms: read only by them, and their ranges."""
+    for name, (algorithms, why) in _READ_BY.items():
+        _used_only_by(r, name, algorithms, why)
     _check(0 <= r.gamma <= 1, "rl.gamma", "must be in [0, 1]")
     _check(0 <= r.lam <= 1, "rl.lam", "must be in [0, 1]")
     _check(r.critic_lr > 0, "rl.critic_lr", "must be > 0")
     _check(r.critic_warmup_steps >= 0, "rl.critic_warmup_steps", "must be >= 0")
-    _check(not ppo or r.critic_warmup_steps < r.steps, "rl.critic_warmup_steps",
+    _check(r.algorithm != Algorithm.PPO or r.critic_warmup_steps < r.steps, "rl.critic_warmup_steps",
            f"must be < rl.steps = {r.steps} (the policy would never train)")
     _check(r.value_clip > 0, "rl.value_clip", "must be > 0")
     _check(not r.kl_in_reward or r.kl_coef > 0, "rl.kl_in_reward", "needs rl.kl_coef > 0")
-    _check(r.clip_ratio_c == 0 or r.clip_ratio_c > 1, "rl.clip_ratio_c", "must be 0 (off) or > 1")
-    _check(r.mini_batches >= 1, "rl.mini_batches", "must be >= 1")
+    _check(r.max_extra_draws >= 0, "rl.max_extra_draws", "must be >= 0")
+    _check(0 <= r.overlong_buffer <= r.max_new_tokens, "rl.overlong_buffer",
+           f"must be in [0, rl.max_new_tokens = {r.max_new_tokens}] (0: off)")
+    _check(r.overlong_penalty >= 0, "rl.overlong_penalty", "must be >= 0")
+    _check(r.algorithm != Algorithm.ON_POLICY_DISTILL or bool(r.teacher.strip()), "rl.teacher",
+           "on_policy_distill needs a teacher: an artifact id, a local HF folder or channel:NAME")
+    _check(r.distill_reward_weight >= 0, "rl.distill_reward_weight", "must be >= 0")
+    _check(r.algorithm != Algorithm.GSPO or max(r.clip_low, r.clip_high) <= 0.05, "rl.clip_low / rl.clip_high",
+           f"gspo clips the sequence-level ratio, whose deviations from 1 are ~1e-3: {r.clip_low} / {r.clip_high} "
+           f"would almost never clip; the paper uses 3e-4 / 4e-4")
 
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:

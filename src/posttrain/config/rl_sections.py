@@ -1,0 +1,221 @@
+"""The RL stage's config sections: `reward` (what scores a sample), `rl` (the algorithm and its settings) and
+`placement` (where the role actors run). Re-exported by posttrain.config.sections and posttrain.config.
+
+Every field is documented by the string literal under it; `posttrain.config.checks.validate` holds the rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from posttrain.config.enums import (
+    Algorithm,
+    KLEstimator,
+    LossAgg,
+    MismatchCorrection,
+    PlacementMode,
+    RolloutBackend,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    fn: str = ""
+    """User reward function "module:function" (imported, never eval'ed); "" uses the task's built-in verifier.
+    It is called with the arguments it names, taken from `prompt` (the last user text), `messages` (the
+    prompt turns), `completion`, `answer` and every column of the row by its own name (`**kwargs` gets them
+    all); a function whose first two parameters are `prompts, completions` is called once per batch with
+    lists (as TRL's reward functions are). It must return a finite number (a list of them for a batch)."""
+    python_path: list[str] = field(default_factory=list)
+    """Folders put first on the reward process's sys.path: where the function's module and its own
+    dependencies live (e.g. a `pip install --target DIR` folder). Must exist where RL and eval run."""
+    timeout_s: float = 5.0
+    """Per-call time limit (per batch for a batch function); the function runs in a separate process that
+    is killed and replaced when it overruns."""
+    memory_mb: int = 2048
+    """Memory the function may take on top of what importing it took (the reward process's address-space
+    limit, RLIMIT_AS, is set to its size after the import plus this); over it, the call fails with the reason
+    and the process is replaced. 0: no limit. Applies only with `fn` set (built-in verifiers run in-process)
+    and on Linux."""
+    cpu_s: float = 10.0
+    """CPU seconds one call may use, all threads of the reward process together (RLIMIT_CPU, raised before
+    each call); over it the process is killed and replaced and the call fails with the reason. 0: no limit.
+    Differs from `timeout_s` (wall time) for a function that runs several threads."""
+    models: list[str] = field(default_factory=list)
+    """Learned reward models that score every RL sample (the reward-model role): `reward_model` or `model`
+    artifact ids, `channel:NAME`, or local folders holding a sequence classifier with one output (stored in
+    the artifact store by content, so the RL model's lineage names them). Each scores the prompt plus the
+    completion rendered with its own tokenizer's chat template."""
+    model_weights: list[float] = field(default_factory=list)
+    """Weight of each of `models` in the reward (empty: 1.0 each)."""
+    fn_weight: float = 1.0
+    """Weight of the reward function's (or the task's verifier's) score in the reward: reward = fn_weight x
+    function score + sum of model_weights[i] x model i's score. 0 with `models` set: the models are the only
+    reward, and the function's score is still computed and logged (reward/fn_mean, reward/fn_accuracy) to
+    watch what the models reward."""
+
+    def function_only(self) -> RewardConfig:
+        """These settings without the reward models and their mix: what evaluation and pair scoring use (they
+        score with the function or verifier alone), so their caches do not depend on RL's reward mix."""
+        return replace(self, models=[], model_weights=[], fn_weight=1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RLConfig:
+    enabled: bool = True
+    """Run the RL stage after SFT."""
+    algorithm: Algorithm = Algorithm.GRPO
+    """The loop each step runs (posttrain.rl.loops): 'grpo' (group-relative advantages, no critic); 'ppo' (a
+    critic role's values, GAE over token rewards, clipped value loss); 'rloo' (leave-one-out group baseline);
+    'dr_grpo' (group-centred, never std-scaled, token sums over a constant normaliser); 'gspo' (GRPO's
+    advantages, a clipped sequence-level ratio: set rl.clip_low / rl.clip_high to ~1e-3, the paper's 3e-4 and
+    4e-4); 'reinforce_pp' (token returns with the KL in the reward, whitened over the batch); 'dapo' (GRPO's
+    advantages on groups whose rewards differ - dynamic sampling draws more prompts to fill the batch -, the
+    soft overlong punishment, clip-higher through rl.clip_high, token-mean loss); 'on_policy_distill' (the
+    student samples, rl.teacher scores every token: advantage = teacher log p - student log p)."""
+    steps: int = 60
+    """Policy updates (one rollout batch each)."""
+    prompts_per_step: int = 64
+    """Prompts sampled per step."""
+    samples_per_prompt: int = 8
+    """Completions per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Rollout sampling temperature."""
+    top_p: float = 1.0
+    """Rollout nucleus sampling (1.0: off). Log-probs are those of the truncated distribution sampled from."""
+    top_k: int = 0
+    """Rollout top-k sampling (0: off)."""
+    max_new_tokens: int = 16
+    """Rollout generation limit."""
+    lr: float = 3e-5
+    """Policy learning rate (AdamW, constant after warm-up). Fresh Adam moves every weight by ~lr per step,
+    so RL on a tiny model needs a small one: 5e-4 collapsed the tiny_cpu model within 10 steps (measured)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps for the policy learning rate."""
+    inner_epochs: int = 1
+    """Passes over each rollout batch (clipped importance ratio after the first optimizer step)."""
+    mini_batches: int = 1
+    """Optimizer steps per pass: the batch's sequences are split into this many mini-batches (a seeded
+    permutation per version), each one step (PPO's mini-batches; the policy and, in PPO, the critic)."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward on one policy rank."""
+    clip_low: float = 0.2
+    """Lower clip range: ratio >= 1 - clip_low."""
+    clip_high: float = 0.28
+    """Upper clip range: ratio <= 1 + clip_high."""
+    clip_ratio_c: float = 0.0
+    """Dual-clip bound (Ye et al. 2019; verl's clip_ratio_c, 3.0 there): where the advantage is negative the
+    token's loss is at most -advantage * clip_ratio_c. 0: off; otherwise > 1."""
+    kl_coef: float = 0.0
+    """KL penalty to the reference model; 0 means no reference role is created."""
+    kl_estimator: KLEstimator = KLEstimator.K3
+    """KL estimator used for the penalty."""
+    kl_in_reward: bool = False
+    """PPO: subtract kl_coef * KL(rollout || reference) (k1, per token) from the token rewards instead of
+    adding the KL term to the policy loss."""
+    gamma: float = 1.0
+    """PPO: discount of GAE; REINFORCE++: discount of the token returns."""
+    lam: float = 1.0
+    """PPO: lambda of GAE (1.0: Monte-Carlo returns minus the value baseline)."""
+    critic_lr: float = 1e-5
+    """PPO: the critic's learning rate (AdamW, constant)."""
+    critic_warmup_steps: int = 0
+    """PPO: the first this many steps train only the critic (the policy keeps its weights and version)."""
+    critic_init: str = ""
+    """PPO: where the critic starts: "" = the policy's start model with a fresh value head (seeded by
+    rl.seed), or a reward model - an artifact id (or unique prefix), `channel:NAME` or a local folder holding a
+    sequence-classification model with one output -, named in the RL model's lineage."""
+    value_clip: float = 0.5
+    """PPO: the clipped value loss's range around the rollout's values (verl's cliprange_value)."""
+    teacher: str = ""
+    """on_policy_distill: the teacher - an artifact id (or unique prefix), `channel:NAME` or a local HF folder -
+    with the student's tokenizer; named in the distilled model's lineage."""
+    distill_reward_weight: float = 0.0
+    """on_policy_distill: weight of the task reward's group advantage (GRPO's) added to every token's
+    reverse-KL advantage (0: pure distillation; the task reward is still scored and logged)."""
+    max_extra_draws: int = 4
+    """DAPO: extra prompt batches one step may draw to replace the groups whose rewards are all equal (they
+    teach nothing and are dropped). When the bound is reached, the step trains on the groups it has, prints a
+    warning and logs dapo/short_batch 1."""
+    overlong_buffer: int = 0
+    """DAPO: soft overlong punishment over the last this many tokens before rl.max_new_tokens: a response of
+    max_new_tokens - overlong_buffer + k tokens loses k / overlong_buffer x rl.overlong_penalty (0: off)."""
+    overlong_penalty: float = 1.0
+    """DAPO: what a response of rl.max_new_tokens tokens loses with the overlong buffer on."""
+    loss_agg: LossAgg = LossAgg.TOKEN_MEAN
+    """How token losses aggregate over the global batch (dr_grpo and gspo fix their own)."""
+    std_normalize: bool = True
+    """GRPO, GSPO, DAPO: divide group-centred rewards by the group's std (dr_grpo never does)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping threshold; 0 disables."""
+    max_reward_failure_rate: float = 0.1
+    """Stop the run when more than this share of one step's reward calls fail (raise, time out, return a
+    non-number or a non-finite one), naming the function, the count and one example."""
+    checkpoint_every: int = 20
+    """Save a model artifact and the training state every this many steps (0: only at the end)."""
+    keep_state: bool = False
+    """Keep the resumable training state after the final model is stored (default: deleted then)."""
+    drift_threshold: float = 0.05
+    """Fail when mean |rollout logprob - policy logprob| over the same tokens exceeds this."""
+    mismatch_correction: MismatchCorrection = MismatchCorrection.OFF
+    """Correct for the rollout engine's log-probs differing from the trainer's (posttrain.rl.algorithms.mismatch):
+    'off'; 'token_tis' / 'sequence_tis' (the trainer's own old log-probs at the rollout's version, each token /
+    sequence weighted by the truncated importance ratio trainer / rollout); 'token_mask' (tokens whose ratio
+    leaves [1 / rl.mismatch_cap, rl.mismatch_cap] are left out). The gap is logged every step either way
+    (mismatch/kl, mismatch/max_abs_logp). rl.drift_threshold still stops a run whose gap is that large."""
+    mismatch_cap: float = 2.0
+    """The truncation cap C of the mismatch correction's importance ratio (verl's default threshold: 2)."""
+    remote_timeout_s: float = 300.0
+    """Timeout for every remote call to a role worker; the error names the stage and the worker."""
+    step_timeout_s: float = 1800.0
+    """The longest one RL step may take, end to end: the driver's watchdog fails (or restarts) the run when no
+    step finishes within this, naming the step and the stage the controller is in; so a whole run is bounded
+    by about steps x this, never days."""
+    max_restarts: int = 2
+    """Times one RL run rebuilds its actors after a worker is lost (killed, crashed, its node gone) or a
+    call or step times out: every role actor and the controller are replaced and the run resumes from its
+    last checkpoint (steps after it are re-done from the same state, so none is lost or repeated). 0: a lost
+    worker ends the run."""
+    rollout_backend: RolloutBackend = RolloutBackend.TRANSFORMERS
+    """Generation engine for rollouts (vLLM needs a separate install)."""
+    seed: int = 0
+    """Seed for prompt sampling and rollout sampling."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementConfig:
+    mode: PlacementMode = PlacementMode.COLOCATED
+    """COLOCATED: roles share devices, taking turns by phase. SPLIT: each role on its own devices."""
+    policy_workers: int = 2
+    """Ranks in the SPMD policy group. Fixed in the Ray task's `train` worker group on a cluster."""
+    rollout_workers: int = 1
+    """Generation workers (the `rollout` worker group on a cluster)."""
+    reference_workers: int = 1
+    """Reference log-prob workers (only created when rl.kl_coef > 0)."""
+    teacher_workers: int = 1
+    """Teacher log-prob workers (only created with rl.algorithm on_policy_distill)."""
+    reward_workers: int = 1
+    """Reward scoring workers."""
+    critic_workers: int = 0
+    """PPO: ranks of the SPMD critic group; 0: as many as policy_workers."""
+    reward_model_workers: int = 1
+    """Workers of the reward-model role (created only with reward.models set); each holds every model."""
+    gpus_per_worker: float = 0.0
+    """GPUs per role worker (0 on CPU). In COLOCATED mode roles share each device."""
+    torch_threads: int = 1
+    """torch intra-op threads in each policy rank (and in each rollout and reference worker unless
+    `rollout_threads` says otherwise). In COLOCATED mode the controller runs one phase at a time, so only one
+    role computes at once: with one worker per role on a node, that worker may use the node's cores (e.g. 2
+    on a 2-core CPU). 1 when a role's workers share the cores (two policy ranks on 2 cores: one each). More
+    threads also change float summation order, so figures measured with one setting move slightly with
+    another."""
+    rollout_threads: int = 0
+    """torch intra-op threads in each rollout and reference worker; 0: the same as `torch_threads`. For
+    COLOCATED placements whose policy group has several ranks per node but whose rollout phase runs one
+    worker there (tiny_cpu: 2 policy ranks at 1 thread, the rollout at 2; phase times of 10 RL steps from the
+    tiny_cpu SFT model: rollout 0.43 -> 0.35 s, step 0.97 -> 0.88 s). The transformers engine only: vLLM sets its own threads."""
+
+    @property
+    def generation_threads(self) -> int:
+        """Threads of the rollout and reference workers: `rollout_threads`, else `torch_threads`."""
+        return self.rollout_threads or self.torch_threads
