@@ -55,25 +55,15 @@ BEGIN, END = "<!-- algorithms:begin -->", "<!-- algorithms:end -->"
 
 def run(seed: int, algorithm: str, home: Path, curve_every: int, models: dict[str, str]) -> dict:
     """`models`: algorithm -> final model id of this seed's runs so far ("{grpo}" in a setting is GRPO's)."""
-    from default_seeds import seed_overrides
+    from default_seeds import run_pipeline
 
     settings = {k: v.format(**models) if isinstance(v, str) else v for k, v in ALGORITHMS[algorithm].items()}
-    over = seed_overrides(seed, {"rl": {"algorithm": algorithm, "checkpoint_every": curve_every, **settings}})
-    env = {**os.environ, "POSTTRAIN_HOME": str(home), "WANDB_MODE": "disabled"}
-    cmd = [str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", "pipeline",
-           "--overrides", json.dumps(over)]
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise SystemExit(f"seed {seed} {algorithm}: pipeline failed (exit {out.returncode}):\n"
-                         f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
-    acc = {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", out.stdout)}
-    model = re.findall(r"rl: (?:model|cache hit -> model) ([0-9a-f]+)", out.stdout)
+    row, stdout = run_pipeline(seed, "tiny_cpu", {"rl": {"algorithm": algorithm, "checkpoint_every": curve_every,
+                                                         **settings}}, home, what=algorithm)
+    model = re.findall(r"rl: (?:model|cache hit -> model) ([0-9a-f]+)", stdout)
     if not model:
         raise SystemExit(f"seed {seed} {algorithm}: no 'rl: model ID' line in the pipeline's output")
-    return {"seed": seed, "algorithm": algorithm, "wall_s": wall, "model": model[-1], **acc,
-            **curve(home, model[-1], seed)}
+    return {**row, "algorithm": algorithm, "model": model[-1], **curve(home, model[-1], seed)}
 
 
 def curve(home: Path, model_short: str, seed: int) -> dict:

@@ -40,7 +40,10 @@ def seed_overrides(seed: int, extra: dict) -> dict:
     return over
 
 
-def run_seed(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "pipeline") -> dict:
+def run_pipeline(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "pipeline",
+                 what: str = "") -> tuple[dict, str]:
+    """`pyflyte run workflows/pipeline.py WORKFLOW` with every seed = `seed` in store `home`: ({"seed", "wall_s",
+    every *_accuracy it printed}, its stdout). A failed run ends the bench, naming `what` ran."""
     env = {**os.environ, "POSTTRAIN_HOME": str(home), "WANDB_MODE": "disabled"}
     cmd = [str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", workflow,
            "--recipe", recipe, "--overrides", json.dumps(seed_overrides(seed, extra))]
@@ -48,10 +51,14 @@ def run_seed(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "p
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     if out.returncode != 0:
-        raise SystemExit(f"seed {seed}: pipeline failed (exit {out.returncode}):\n{out.stdout[-3000:]}\n"
-                         f"{out.stderr[-5000:]}")
+        raise SystemExit(f"seed {seed}{' ' + what if what else ''}: pipeline failed (exit {out.returncode}):\n"
+                         f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
     acc = {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", out.stdout)}
-    return {"seed": seed, "wall_s": wall, **acc}
+    return {"seed": seed, "wall_s": wall, **acc}, out.stdout
+
+
+def run_seed(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "pipeline") -> dict:
+    return run_pipeline(seed, recipe, extra, home, workflow)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

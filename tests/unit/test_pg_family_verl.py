@@ -24,9 +24,6 @@ What is compared, verl side (real functions):
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,7 +33,7 @@ from posttrain.config import KLEstimator, LossAgg
 from posttrain.rl.algorithms.grpo import group_advantages, kl_penalty, policy_loss
 from posttrain.rl.algorithms.pg import gspo_loss, overlong_penalty, reinforce_pp_returns, rloo_advantages
 from posttrain.rl.algorithms.ppo import token_rewards
-from tests.unit.test_ppo_math_verl import _case, _verl_dir
+from tests.unit.test_ppo_math_verl import _case, _close, _t, run_verl
 
 ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-6
@@ -145,23 +142,8 @@ CASES = range(len(SEEDS) + 1)
 
 @pytest.fixture(scope="module")
 def case() -> tuple[dict, dict]:
-    site = _verl_dir()
     x = _inputs()
-    env = {**os.environ, "PYTHONPATH": str(site), "TOKENIZERS_PARALLELISM": "false"}
-    r = subprocess.run([str(ROOT / ".venv/bin/python"), "-c", VERL_SCRIPT], input=json.dumps(x), env=env,
-                       check=False, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return x, json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def _close(ours, theirs, tol: float = TOL) -> None:
-    ours_t, theirs_t = torch.as_tensor(ours, dtype=torch.float64), torch.as_tensor(theirs, dtype=torch.float64)
-    assert ours_t.shape == theirs_t.shape, (ours_t.shape, theirs_t.shape)
-    assert torch.allclose(ours_t, theirs_t, rtol=0, atol=tol), (ours_t - theirs_t).abs().max()
-
-
-def _t(v) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float64)
+    return x, run_verl(VERL_SCRIPT, x)
 
 
 @pytest.mark.parametrize("group", [GROUP, 1])

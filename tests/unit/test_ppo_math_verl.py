@@ -159,15 +159,20 @@ def _inputs() -> dict:
 CASES = range(len(SEEDS) + 2)
 
 
-@pytest.fixture(scope="module")
-def case() -> tuple[dict, list]:
-    site = _verl_dir()
-    x = _inputs()
-    env = {**os.environ, "PYTHONPATH": str(site), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
-    r = subprocess.run([str(ROOT / ".venv/bin/python"), "-c", VERL_SCRIPT], input=json.dumps(x), env=env,
+def run_verl(script: str, inputs: dict):
+    """`script` run by .venv's python with verl's folder on its path, `inputs` as JSON on stdin; its last stdout
+    line, parsed as JSON."""
+    env = {**os.environ, "PYTHONPATH": str(_verl_dir()), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+    r = subprocess.run([str(ROOT / ".venv/bin/python"), "-c", script], input=json.dumps(inputs), env=env,
                        check=False, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-4000:]
-    return x, json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def case() -> tuple[dict, list]:
+    x = _inputs()
+    return x, run_verl(VERL_SCRIPT, x)
 
 
 def _close(ours, theirs, tol: float = TOL) -> None:

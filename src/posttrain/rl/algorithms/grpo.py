@@ -90,14 +90,22 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         kl = kl_penalty(logp, ref_logp, kl_estimator)
         per_token = pg + kl_coef * kl
     loss = aggregate(per_token, mask, loss_agg, normalizer)
+    clipped = ((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))
+    return loss, loss_stats(pg, kl, clipped, ratio, mask, lower)
+
+
+@torch.no_grad()
+def loss_stats(pg: torch.Tensor, kl: torch.Tensor, clipped: torch.Tensor, ratio: torch.Tensor, mask: torch.Tensor,
+               lower: torch.Tensor | None = None) -> PolicyLossStats:
+    """A policy loss's statistics, each a mean over the valid tokens: the policy term, the KL, the share of
+    clipped tokens (and of dual-clipped ones, `lower`), the ratio."""
     n = float(mask.sum().clamp(min=1))
-    with torch.no_grad():
-        clip_frac = (((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))).float()
-        stats = PolicyLossStats(pg_loss=float((pg * mask).sum() / n), kl=float((kl * mask).sum() / n),
-                                clip_fraction=float((clip_frac * mask).sum() / n),
-                                ratio_mean=float((ratio * mask).sum() / n), tokens=int(mask.sum()),
-                                clip_fraction_lower=float((lower * mask).sum() / n) if lower is not None else 0.0)
-    return loss, stats
+
+    def mean(x: torch.Tensor) -> float:
+        return float((x.float() * mask).sum() / n)
+
+    return PolicyLossStats(pg_loss=mean(pg), kl=mean(kl), clip_fraction=mean(clipped), ratio_mean=mean(ratio),
+                           tokens=int(mask.sum()), clip_fraction_lower=mean(lower) if lower is not None else 0.0)
 
 
 def normalizer(loss_agg: LossAgg, *, tokens: int, sequences: int, horizon: int) -> float:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from posttrain.config import KLEstimator, LossAgg
-from posttrain.rl.algorithms.grpo import PolicyLossStats, aggregate, kl_penalty
+from posttrain.rl.algorithms.grpo import PolicyLossStats, aggregate, kl_penalty, loss_stats
 from posttrain.rl.algorithms.ppo import masked_whiten
 
 GSPO_LOG_RATIO_MAX = 10.0  # verl clamps log s_i,t at 10 before exp (numerical safety)
@@ -85,12 +85,7 @@ def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
         kl = kl_penalty(logp, ref_logp, kl_estimator)
         per_token = pg + kl_coef * kl
     loss = aggregate(per_token, mask, loss_agg, normalizer)
-    n = float(mask.sum().clamp(min=1))
-    with torch.no_grad():
-        stats = PolicyLossStats(pg_loss=float((pg * mask).sum() / n), kl=float((kl * mask).sum() / n),
-                                clip_fraction=float(((clipped > unclipped).float() * mask).sum() / n),
-                                ratio_mean=float((ratio * mask).sum() / n), tokens=int(mask.sum()))
-    return loss, stats
+    return loss, loss_stats(pg, kl, clipped > unclipped, ratio, mask)
 
 
 def overlong_penalty(lengths: torch.Tensor, *, max_len: int, buffer: int, factor: float) -> torch.Tensor:

@@ -58,6 +58,16 @@ class PolicyGradientRoles:
     ScoringGroup), in ROLES order: `score` adds each one's weighted scores to the functions'."""
 
 
+class Loop:
+    """What every algorithm's loop holds: its settings and the role groups its `Roles` dataclass names. A loop
+    adds `Roles` and `step(prompts, run) -> StepOutcome`."""
+
+    Roles: type = PolicyGradientRoles
+
+    def __init__(self, cfg: RLConfig, roles: PolicyGradientRoles):
+        self.cfg, self.roles = cfg, roles
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepRun:
     step: int
@@ -188,3 +198,10 @@ def pad_rows(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
 def rows_of(x: torch.Tensor, response_ids: list[list[int]]) -> list[list[float]]:
     """(B, R) -> ragged per-token rows, each as long as its response."""
     return [x[i, :len(r)].tolist() for i, r in enumerate(response_ids)]
+
+
+def advantage_metrics(adv: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """adv/mean, adv/std, adv/min, adv/max over the valid tokens of (B, R) per-token advantages."""
+    a = adv[mask]
+    return {"adv/mean": float(a.mean()), "adv/std": float(a.std()) if a.numel() > 1 else 0.0,
+            "adv/min": float(a.min()), "adv/max": float(a.max())}

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.config import RLConfig
 from posttrain.rl.algorithms.grpo import group_advantages
 from posttrain.rl.loops.common import (
+    Loop,
     PolicyGradientRoles,
     StepOutcome,
     StepRun,
@@ -43,11 +43,8 @@ class DistillRoles(PolicyGradientRoles):
     """posttrain.rl.roles.teacher.TeacherGroup (log_probs)."""
 
 
-class OnPolicyDistill:
+class OnPolicyDistill(Loop):
     Roles = DistillRoles
-
-    def __init__(self, cfg: RLConfig, roles: DistillRoles):
-        self.cfg, self.roles = cfg, roles
 
     def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
         cfg, r = self.cfg, self.roles

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.config import LossAgg, RLConfig
+from posttrain.config import LossAgg
 from posttrain.rl.algorithms.grpo import group_advantages
 from posttrain.rl.loops.common import (
+    Loop,
     PolicyGradientRoles,
     StepOutcome,
     StepRun,
@@ -34,7 +35,7 @@ class GRPORoles(PolicyGradientRoles):
     """GRPO reads only the common roles: no critic, the group's statistics are the baseline."""
 
 
-class GRPO:
+class GRPO(Loop):
     """GRPO's step. Its family (loops/family.py: RLOO, Dr. GRPO, GSPO) runs the same step with another
     `advantages` baseline or another policy objective (`loss`, `loss_agg`)."""
 
@@ -42,9 +43,6 @@ class GRPO:
     loss: PolicyLoss = PolicyLoss.CLIP
     loss_agg: LossAgg | None = None
     """None: rl.loss_agg."""
-
-    def __init__(self, cfg: RLConfig, roles: GRPORoles):
-        self.cfg, self.roles = cfg, roles
 
     def advantages(self, scores: torch.Tensor) -> torch.Tensor:
         """(B,) rewards, grouped by prompt -> (B,) one advantage per sample: centred per group, std-scaled

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.config import RLConfig
 from posttrain.rl.algorithms import ppo
 from posttrain.rl.loops.common import (
+    Loop,
     NonFiniteError,
     PolicyGradientRoles,
     StepOutcome,
     StepRun,
+    advantage_metrics,
     check_finite,
     generate,
     pad_rows,
@@ -52,11 +53,8 @@ class PPORoles(PolicyGradientRoles):
     """posttrain.rl.roles.critic_group.CriticGroup (values, fit, update, save_state, load_state)."""
 
 
-class PPO:
+class PPO(Loop):
     Roles = PPORoles
-
-    def __init__(self, cfg: RLConfig, roles: PPORoles):
-        self.cfg, self.roles = cfg, roles
 
     def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
         cfg, r = self.cfg, self.roles
@@ -97,13 +95,11 @@ class PPO:
                                advantages=rows_of(adv, traj.response_ids))
             stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
 
-        a = adv[mask]
         extra = {"critic/value_loss": cstats.value_loss, "critic/clip_fraction": cstats.clip_fraction,
                  "critic/grad_norm": cstats.grad_norm,
                  "critic/vf_explained_var": ppo.explained_variance(v, returns, mask),
                  "critic/values_mean": float(v[mask].mean()), "critic/returns_mean": float(returns[mask].mean()),
-                 "adv/mean": float(a.mean()), "adv/std": float(a.std()) if a.numel() > 1 else 0.0,
-                 "adv/min": float(a.min()), "adv/max": float(a.max())}
+                 **advantage_metrics(adv, mask)}
         if kl is not None:
             extra["critic/kl_in_reward"] = float(kl[mask].mean())
         extra.update(reward_metrics)

@@ -15,14 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.config import RLConfig
 from posttrain.rl.algorithms.grpo import kl_penalty
 from posttrain.rl.algorithms.pg import reinforce_pp_returns
 from posttrain.rl.algorithms.ppo import token_rewards
 from posttrain.rl.loops.common import (
+    Loop,
     PolicyGradientRoles,
     StepOutcome,
     StepRun,
+    advantage_metrics,
     check_finite,
     generate,
     pad_rows,
@@ -40,11 +41,8 @@ class ReinforcePPRoles(PolicyGradientRoles):
     """REINFORCE++ reads only the common roles: the batch is the baseline."""
 
 
-class ReinforcePP:
+class ReinforcePP(Loop):
     Roles = ReinforcePPRoles
-
-    def __init__(self, cfg: RLConfig, roles: ReinforcePPRoles):
-        self.cfg, self.roles = cfg, roles
 
     def step(self, prompts: PromptBatch, run: StepRun) -> StepOutcome:
         cfg, r = self.cfg, self.roles
@@ -62,9 +60,7 @@ class ReinforcePP:
         batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                            old_logprobs=traj.logprobs, ref_logprobs=None, advantages=rows_of(adv, traj.response_ids))
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
-        a = adv[mask]
-        extra = {"adv/mean": float(a.mean()), "adv/std": float(a.std()) if a.numel() > 1 else 0.0,
-                 "adv/min": float(a.min()), "adv/max": float(a.max()), **reward_metrics}
+        extra = {**advantage_metrics(adv, mask), **reward_metrics}
         if kl is not None:
             extra["reward/kl_in_reward"] = float(kl[mask].mean())
         return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=extra)
