@@ -34,7 +34,8 @@ class DAPO(GRPO):
         per_draw: list[dict[str, float]] = []
         penalties: list[float] = []
         while True:
-            traj = generate(r.rollout, prompts, cfg, dataclasses.replace(run, seed=run.seed + 7919 * draws))
+            # a seed of its own per draw, apart from the 7919 x rank the rollout workers add
+            traj = generate(r.rollout, prompts, cfg, dataclasses.replace(run, seed=run.seed + 1_000_003 * draws))
             rewards, metrics = score(r.reward, traj, cfg, run, scorers=r.scorers)
             per_draw.append(metrics)
             drawn.append((traj, rewards))
