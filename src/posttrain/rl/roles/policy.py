@@ -149,7 +149,7 @@ class PolicyWorker(SPMDWorker):
         # mini-batch, else a no-grad forward over every shard before any optimizer step (mismatch correction)
         trainer_old = None
         if cfg.mismatch_correction != MismatchCorrection.OFF and (cfg.inner_epochs > 1 or len(shards) > 1):
-            trainer_old = [self._trainer_logprobs(sh) for sh in shards]
+            trainer_old = [self.log_probs(sh.prompt_ids, sh.response_ids, cfg.temperature)[0] for sh in shards]
             for sh, rows in zip(shards, trainer_old):
                 shape = (len(rows), max((len(r) for r in rows), default=0))
                 mask = _pad([[1.0] * len(r) for r in sh.response_ids], shape).bool()
@@ -240,21 +240,6 @@ class PolicyWorker(SPMDWorker):
         sums["mm_kl"] += k3
         sums["mm_tok"] += n
         sums["mm_max"] = max(sums["mm_max"], mx)
-
-    @torch.no_grad()
-    def _trainer_logprobs(self, sh: TrainBatch) -> list[list[float]]:
-        """This rank's log-probs of the shard's tokens at its current weights, in micro-batches."""
-        self.model.eval()
-        out: list[list[float]] = []
-        mb = self.cfg.micro_batch_size
-        for lo in range(0, len(sh.response_ids), mb):
-            with self._autocast():
-                lp = sequence_logprobs(self.model, sh.prompt_ids[lo:lo + mb], sh.response_ids[lo:lo + mb],
-                                       temperature=self.cfg.temperature, pad_id=self.tok.pad_token_id,
-                                       top_p=self.cfg.top_p, top_k=self.cfg.top_k)
-            out += [x.tolist() for x in lp]
-        self.model.train()
-        return out
 
     def _first_epoch_gates(self, sums: dict, drift_sum: float, drift_tok: float, threshold: float
                            ) -> tuple[float, str]:
