@@ -47,7 +47,7 @@ def resolve(rl_cfg: RLConfig, reward: RewardConfig, *, run_id: str, store: Artif
             got = [model_ref(v, n, run_id=run_id, store=store, kinds=ms.kinds) for v, n in zip(values, names)]
             refs.update(zip(names, got))
             ids, folders = [r.id for r in got], [str(store.get(r)) for r in got]
-            by_id[ms.section] = replace(by_id[ms.section], **{ms.field: ids if many else "".join(ids)})
-            by_folder[ms.section] = replace(by_folder[ms.section], **{ms.field: folders if many else "".join(folders)})
+            by_id[ms.section] = replace(by_id[ms.section], **{ms.field: ids if many else (ids or [""])[0]})
+            by_folder[ms.section] = replace(by_folder[ms.section], **{ms.field: folders if many else (folders or [""])[0]})
     return RoleModels(rl_ids=by_id["rl"], reward_ids=by_id["reward"], rl=by_folder["rl"], reward=by_folder["reward"],
                       refs=refs)
