@@ -133,13 +133,23 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -
     for alg in dict.fromkeys(r["algorithm"] for r in rows):
         gains = [r["rl_greedy_accuracy"] for r in rows if r["algorithm"] == alg]
         summary.append(f"{alg} {statistics.mean(gains):.3f} (min {min(gains):.3f})")
-    command = " ".join(["bench/algorithms.py", *[a for a in argv if a != "--write-readme"]])
+    by = {(r["algorithm"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+
+    def steps(alg: str) -> str:
+        return " / ".join(str(by[alg, s].get("steps_to_0.95") or "-") if (alg, s) in by else "?" for s in seeds)
+
+    compare = (f" Steps to greedy 0.95, seeds {' / '.join(map(str, seeds))}: on_policy_distill {steps('on_policy_distill')}, "
+               f"grpo {steps('grpo')}, grpo_lr2e-4 {steps('grpo_lr2e-4')}." if ("on_policy_distill", seeds[0]) in by
+               else "")
+    runs = "; ".join(dict.fromkeys(f"`.venv/bin/python {r['command']}` (commit {r['commit']}, {r['date']})"
+                                   for r in rows))
     lines += ["", (f"Held-out greedy accuracy after RL, mean over seeds: {'; '.join(summary)}. Steps to 0.9 / 0.95: "
                    f"the first checkpoint (every {rows[0].get('curve_every', '?')} steps) whose greedy accuracy "
-                   f"reaches it; RL s: the summed step times up to it. on_policy_distill's teacher is the same seed's "
+                   f"reaches it; RL s: the summed step times up to it.{compare} on_policy_distill's teacher is the same seed's "
                    f"GRPO model; it trains at lr 2e-4 without warm-up (GRPO and the rest: tiny_cpu's 5e-5 with 10 "
-                   f"warm-up steps), and grpo_lr2e-4 is GRPO at those settings. Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit "
-                   f"{_commit()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).")]
+                   f"warm-up steps), and grpo_lr2e-4 is GRPO at those settings. Made by {runs}; load average "
+                   f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end of the last part.")]
     return "\n".join(lines)
 
 
@@ -166,23 +176,33 @@ def main(argv: list[str] | None = None) -> int:
                     help="the store of each seed ('{seed}' is replaced)")
     ap.add_argument("--write-readme", action="store_true", help="replace the README's algorithms table")
     ap.add_argument("--json", default="", help="also write the rows here")
+    ap.add_argument("--rows-from", nargs="*", default=[], metavar="JSON",
+                    help="rows of earlier runs (their --json files) to put in the table beside this run's: for a bench "
+                         "run in parts; a row this run makes replaces theirs")
     args = ap.parse_args(argv)
     algorithms = args.algorithms.split(",")
     if unknown := set(algorithms) - set(ALGORITHMS):
         ap.error(f"--algorithms: unknown {sorted(unknown)}")
     if "on_policy_distill" in algorithms and "grpo" not in algorithms[:algorithms.index("on_policy_distill")]:
         ap.error("--algorithms: on_policy_distill distils the seed's GRPO model: list grpo before it")
-    rows = []
+    command = " ".join(["bench/algorithms.py", *[a for a in argv if a != "--write-readme"]])
+    rows: list[dict] = []
     for seed in args.seeds:
         home = Path(args.home.format(seed=seed))
         home.mkdir(parents=True, exist_ok=True)
         models: dict[str, str] = {}
         for alg in algorithms:
-            r = {**run(seed, alg, home, args.curve_every, models), "curve_every": args.curve_every}
+            r = {**run(seed, alg, home, args.curve_every, models), "curve_every": args.curve_every,
+                 "command": command, "commit": _commit(), "date": time.strftime("%Y-%m-%d")}
             models[alg] = r["model_id"]
             print(json.dumps({k: v for k, v in r.items()}), flush=True)
             rows.append(r)
-    rows.sort(key=lambda r: (algorithms.index(r["algorithm"]), r["seed"]))
+    done = {(r["algorithm"], r["seed"]) for r in rows}
+    for f in args.rows_from:
+        rows += [r for r in json.loads(Path(f).read_text()) if (r["algorithm"], r["seed"]) not in done]
+        done = {(r["algorithm"], r["seed"]) for r in rows}
+    order = list(ALGORITHMS)
+    rows.sort(key=lambda r: (order.index(r["algorithm"]), r["seed"]))
     block = table(rows, argv, os.getloadavg())
     print("\n" + block)
     if args.json:
