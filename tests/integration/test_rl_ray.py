@@ -78,7 +78,8 @@ def test_plan_sizes_actors_to_the_free_cpus():
     assert {r.num_cpus for r in plan.roles.values()} == {0.4}
     assert plan.groups[0].bundles == [{"CPU": 1.6}, {"CPU": 0.4}]  # slot 0: all four roles; slot 1: policy rank 1
     split = pl.plan_placement(PlacementConfig(mode=PlacementMode.SPLIT), counts=_counts(PlacementConfig(), kl=False),
-                              available={"CPU": 16.0, "GPU": 2.0, "rollout": 1000.0, "train": 1000.0})
+                              available={}, nodes=[pl.Node(name=f"{g}-0", resources={"CPU": 8.0, "GPU": 1.0, g: 1000.0})
+                                                   for g in ("rollout", "train")])
     assert {g.name: len(g.bundles) for g in split.groups} == {"rollout": 1, "reward": 1, "policy": 2}
     assert split.roles["policy"].num_cpus == 1.0  # capped: a CPU share is a budget, not threads
     assert split.groups[0].bundles[0]["rollout"] == pl.GROUP_RESOURCE_SLIVER  # pinned to the rollout pods

@@ -1,13 +1,19 @@
 """Where each role's workers run: Ray placement groups sized to the cluster, and the one `ray.remote` call.
 
-    plan = plan_placement(placement_cfg, counts=registry.role_counts(settings), available=ray.available_resources())
+    plan = plan_placement(placement_cfg, counts=registry.role_counts(settings), available=ray.available_resources(),
+                          nodes=cluster_nodes())
     pgs = create_placement_groups(plan, timeout_s=60)          # fails fast instead of hanging
     rollout = create_role_actors(RolloutWorker, plan.roles["rollout"], pgs, lambda rank: (model_dir, rank, 1))
 
 Sizing. Ray never starts an actor whose CPU request does not fit - it waits silently, forever (five
-actors at num_cpus=0.5 on 2 cores hang with no error). So the plan reads the cluster's free CPUs and gives every actor the same fractional share,
-`min(1, free CPUs / number of actors)`, rounded down to 1e-4, so that all actors of the run fit by
-construction. Fractional CPUs are a scheduling budget, not threads: policy ranks run `placement.torch_threads`
+actors at num_cpus=0.5 on 2 cores hang with no error). So every actor's share is chosen so that all actors of
+the run fit by construction:
+- one local node (worker groups ignored): the same fractional share for all, `min(1, free CPUs / actors)`,
+  rounded down to 1e-4;
+- a cluster of worker-group pods (KubeRay, or the rehearsal in tests/cluster/): per group, the largest share
+  <= 1 at which that group's bundles fit ITS pods one by one (`_plan_on_pods`) - a bundle must fit on one
+  pod, so cluster totals say nothing. A bundle no pod can hold fails at plan time, naming group, bundle and pods.
+Fractional CPUs are a scheduling budget, not threads: policy ranks run `placement.torch_threads`
 torch threads each, rollout and reference workers `placement.generation_threads` (1 by default).
 GPU requests are `placement.gpus_per_worker` per actor; a plan asking for more GPUs than are free is
 rejected before anything is created, and every placement group is awaited with a timeout.
@@ -15,7 +21,9 @@ rejected before anything is created, and every placement group is awaited with a
 Modes (`placement.mode`):
 - COLOCATED: one placement group with one bundle per device slot (slots = the largest role's worker count).
   Worker i of every role goes to bundle i, so rollout, reward, reference and policy ranks of a slot share
-  its device and take turns by phase (the controller runs one phase at a time).
+  its device and take turns by phase (the controller runs one phase at a time). On worker-group pods, roles
+  of different groups cannot share a pod: slot i holds worker i of every role OF ONE GROUP (the train roles
+  together, the rollout workers on their own pods).
 - SPLIT: one placement group per role, one bundle per worker: no two roles share a device.
 
 How roles map to KubeRay worker groups
@@ -28,8 +36,7 @@ group: the task starts each group's Ray nodes advertising 1000 units of it (`gro
 a sliver (0.001) of its group's resource (`RoleSpec.kuberay_group` in rl/roles/registry.py) - in SPLIT mode
 rollout bundles then land on `rollout` pods and the other roles' bundles on `train` pods; in COLOCATED mode the shared bundles ask for `train`. When the
 cluster advertises no such resource (local execution: a single node, worker groups ignored) the bundles carry
-no such constraint. Each bundle must fit on one node: keep per-node pods at least as large as the largest
-bundle.
+no such constraint. Each bundle must fit on one node; the plan sizes shares per pod so that it does.
 
 Leaves out: multi-GPU tensor-parallel rollout engines (one bundle per worker), autoscaling, and
 re-creating actors that die (the run fails and resumes from its last checkpoint).
@@ -39,7 +46,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +66,10 @@ def group_resource_start_params(group: str) -> dict[str, str]:
 
 class PlacementError(RuntimeError):
     """The run's actors cannot be placed on this cluster (named: what was asked, what is free)."""
+
+
+class NoPodsError(PlacementError):
+    """No live node serves a worker group the run needs (its pods are missing, or lost and not back yet)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,9 +106,36 @@ class PlacementPlan:
         return f"{self.mode.value} placement - groups: {pgs} - roles: {roles}"
 
 
-def plan_placement(cfg: PlacementConfig, *, counts: dict[str, int], available: dict[str, float]) -> PlacementPlan:
-    """A pure function of the config, the role -> worker count map (`registry.role_counts`) and the free
-    resources (unit-testable without Ray)."""
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    """One Ray node (on KubeRay: one pod) as the plan sees it."""
+
+    name: str
+    """For messages: the pod's name in a rehearsal, else the node's IP and short id."""
+    resources: dict[str, float]
+    """Its total resources: CPU, GPU, memory, and the worker group's custom resource."""
+
+
+def cluster_nodes() -> list[Node]:
+    """The live nodes of the connected Ray cluster with their total resources."""
+    import ray
+
+    return [Node(name=f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})", resources=dict(n["Resources"]))
+            for n in ray.nodes() if n.get("Alive")]
+
+
+def plan_placement(cfg: PlacementConfig, *, counts: dict[str, int], available: dict[str, float],
+                   nodes: Sequence[Node] = ()) -> PlacementPlan:
+    """A pure function of the config, the role -> worker count map (`registry.role_counts`), the free
+    resources and the cluster's nodes (unit-testable without Ray).
+
+    Nodes that advertise worker-group resources (a KubeRay cluster, or a rehearsal shaped like one) get the
+    per-pod plan, `_plan_on_pods`: each role's bundles fit its own group's pods by construction. Otherwise (one
+    local node that ignores the worker groups) every actor gets the same share of the free CPUs."""
+    counts = {r: n for r, n in counts.items() if n > 0}
+    groups_of = {r: kuberay_group(r) for r in counts}
+    if any(n.resources.get(g, 0) >= GROUP_RESOURCE_SLIVER for n in nodes for g in groups_of.values()):
+        return _plan_on_pods(cfg, counts, groups_of, nodes)
     n_actors = sum(counts.values())
     free_cpu, free_gpu = float(available.get("CPU", 0.0)), float(available.get("GPU", 0.0))
     cpu = math.floor(min(1.0, free_cpu / n_actors) * 1e4) / 1e4
@@ -108,26 +146,108 @@ def plan_placement(cfg: PlacementConfig, *, counts: dict[str, int], available: d
         raise PlacementError(f"placement asks {gpu} GPU x {n_actors} actors ({counts}) = {gpu * n_actors} GPUs, "
                              f"but only {free_gpu} are free; lower placement.gpus_per_worker or the worker counts")
 
-    def bundle(n: int, roles: list[str]) -> dict[str, float]:
-        b = {"CPU": round(cpu * n, 4)}
-        if gpu > 0:
-            b["GPU"] = round(gpu * n, 4)
-        group = kuberay_group("policy" if len(roles) > 1 else roles[0])
-        if available.get(group, 0) >= GROUP_RESOURCE_SLIVER:
-            b[group] = GROUP_RESOURCE_SLIVER
-        return b
+    def bundle(n: int) -> dict[str, float]:
+        return {"CPU": round(cpu * n, 4), **({"GPU": round(gpu * n, 4)} if gpu > 0 else {})}
 
     if cfg.mode == PlacementMode.COLOCATED:
         slots = max(counts.values())
         members = [[r for r, n in counts.items() if n > j] for j in range(slots)]  # roles sharing slot j
-        groups = [PlacementGroupSpec(name="colocated", bundles=[bundle(len(m), m) for m in members])]
+        groups = [PlacementGroupSpec(name="colocated", bundles=[bundle(len(m)) for m in members])]
         roles = {r: RolePlacement(role=r, group="colocated", bundle_indices=list(range(n)), num_cpus=cpu,
                                   num_gpus=gpu) for r, n in counts.items()}
     else:
-        groups = [PlacementGroupSpec(name=r, bundles=[bundle(1, [r]) for _ in range(n)]) for r, n in counts.items()]
+        groups = [PlacementGroupSpec(name=r, bundles=[bundle(1) for _ in range(n)]) for r, n in counts.items()]
         roles = {r: RolePlacement(role=r, group=r, bundle_indices=list(range(n)), num_cpus=cpu, num_gpus=gpu)
                  for r, n in counts.items()}
     return PlacementPlan(mode=cfg.mode, groups=groups, roles=roles)
+
+
+def _plan_on_pods(cfg: PlacementConfig, counts: dict[str, int], groups_of: dict[str, str],
+                  nodes: Sequence[Node]) -> PlacementPlan:
+    """The plan for a cluster of worker-group pods. Each worker group is planned on its own pods:
+
+    - its bundles: SPLIT, one per actor; COLOCATED, one per slot j holding worker j of every role of the group
+      (roles of different groups run on different pods, so they cannot share a bundle: the rollout workers
+      colocate among themselves, the train roles - policy ranks, reward, reference - among themselves);
+    - the per-actor CPU share: the largest (<= 1, in steps of 1e-4) at which the bundles, largest first, fit
+      the group's pods first-fit - so Ray can place them all, per pod, not just in cluster totals;
+    - a bundle that fits no pod even at the smallest share (GPUs, or pods without CPUs) fails here, naming
+      the group, the bundle and the pods.
+    """
+    gpu = cfg.gpus_per_worker
+    by_group: dict[str, list[str]] = {}
+    for r in counts:
+        by_group.setdefault(groups_of[r], []).append(r)
+    all_groups = sorted({g for n in nodes for g in n.resources if g in set(groups_of.values())})
+    groups, roles, bundles_all = [], {}, []
+    for g, members_g in by_group.items():
+        pods = [n for n in nodes if n.resources.get(g, 0) >= GROUP_RESOURCE_SLIVER]
+        if not pods:
+            raise NoPodsError(f"placement: role(s) {members_g} run on the `{g}` worker group, but no node of this "
+                                 f"Ray cluster advertises the `{g}` resource (groups present: {all_groups}; nodes: "
+                                 f"{[n.name for n in nodes]}) - the RayJob's `{g}` group is missing or has no pods")
+        if cfg.mode == PlacementMode.COLOCATED:
+            slots = max(counts[r] for r in members_g)
+            sizes = [[r for r in members_g if counts[r] > j] for j in range(slots)]
+        else:
+            sizes = [[r] for r in members_g for _ in range(counts[r])]
+        cpu = _largest_fitting_share([len(m) for m in sizes], pods, gpu, g)
+        for r in members_g:
+            roles[r] = cpu  # per-actor share of this group
+        groups.append((g, sizes, cpu))
+    if cfg.mode == PlacementMode.COLOCATED:
+        offset, placed = 0, {}
+        for g, sizes, cpu in groups:
+            for j, m in enumerate(sizes):
+                bundles_all.append(_pod_bundle(len(m), cpu, gpu, g))
+                for r in m:
+                    placed.setdefault(r, []).append(offset + j)
+            offset += len(sizes)
+        return PlacementPlan(mode=cfg.mode, groups=[PlacementGroupSpec(name="colocated", bundles=bundles_all)],
+                             roles={r: RolePlacement(role=r, group="colocated", bundle_indices=placed[r],
+                                                     num_cpus=roles[r], num_gpus=gpu) for r in counts})
+    return PlacementPlan(
+        mode=cfg.mode,
+        groups=[PlacementGroupSpec(name=r, bundles=[_pod_bundle(1, roles[r], gpu, groups_of[r])] * counts[r])
+                for r in counts],
+        roles={r: RolePlacement(role=r, group=r, bundle_indices=list(range(counts[r])), num_cpus=roles[r],
+                                num_gpus=gpu) for r in counts})
+
+
+def _pod_bundle(actors: int, cpu: float, gpu: float, group: str) -> dict[str, float]:
+    b = {"CPU": round(cpu * actors, 4), group: GROUP_RESOURCE_SLIVER}
+    if gpu > 0:
+        b["GPU"] = round(gpu * actors, 4)
+    return b
+
+
+def _fits(sizes: list[int], pods: Sequence[Node], cpu: float, gpu: float) -> int | None:
+    """None if bundles of `sizes` actors (largest first) fit the pods first-fit at `cpu`/`gpu` per actor, else
+    the index (in `sizes`) of the first bundle that found no pod."""
+    free = [[n.resources.get("CPU", 0.0), n.resources.get("GPU", 0.0)] for n in pods]
+    for j in sorted(range(len(sizes)), key=lambda j: -sizes[j]):
+        c, g = round(cpu * sizes[j], 4), gpu * sizes[j]
+        pod = next((p for p in free if p[0] + 1e-9 >= c and p[1] + 1e-9 >= g), None)
+        if pod is None:
+            return j
+        pod[0] -= c
+        pod[1] -= g
+    return None
+
+
+def _largest_fitting_share(sizes: list[int], pods: Sequence[Node], gpu: float, group: str) -> float:
+    """The largest per-actor CPU share <= 1 (floored to 1e-4) at which the bundles fit the group's pods."""
+    candidates = {1.0} | {n.resources.get("CPU", 0.0) / k for n in pods for k in range(1, sum(sizes) + 1)}
+    for share in sorted((math.floor(min(1.0, c) * 1e4) / 1e4 for c in candidates), reverse=True):
+        if share > 0 and _fits(sizes, pods, share, gpu) is None:
+            return share
+    j = _fits(sizes, pods, 1e-4, gpu)
+    bundle = {"CPU": round(1e-4 * sizes[j], 4), "GPU": gpu * sizes[j], group: GROUP_RESOURCE_SLIVER}
+    raise PlacementError(f"placement: bundle {j} of the `{group}` worker group ({sizes[j]} actor(s): {bundle} at the "
+                         f"smallest CPU share) fits on none of its pods: "
+                         + "; ".join(f"{n.name}: {n.resources.get('CPU', 0.0)} CPU, {n.resources.get('GPU', 0.0)} GPU"
+                                     for n in pods)
+                         + " - lower placement.gpus_per_worker or the worker counts, or give the group more pods")
 
 
 def create_placement_groups(plan: PlacementPlan, *, timeout_s: float = 60.0) -> dict[str, Any]:
