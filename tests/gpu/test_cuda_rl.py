@@ -1,4 +1,6 @@
-"""GPU path of RL: 2 GRPO steps in bf16 on one GPU with the real role workers.
+"""GPU path of RL: 2 GRPO steps in bf16 on one GPU with the real role workers - and the same scripts on the CPU
+(fp32, gloo) in every `make test`, so that code which only a GPU machine runs cannot drift from the code it
+calls unnoticed (a tracker's `close()` that lost its argument failed here first).
 
 In-process (no Ray needed - the GPU machine's image has none): the real RolloutWorker, RewardWorker,
 ReferenceWorker and PolicyWorker, wrapped in `LocalActor` so the real role groups and `Controller` drive
@@ -8,7 +10,8 @@ own GPU), that bf16 weight sync passes the checksum check and the rollout/policy
 sampling, and that gradient checkpointing runs. Through Ray (`run_rl` with GPU bundles) only where Ray is
 installed; skipped otherwise, saying so.
 
-Each case runs in a subprocess, so CUDA and torch.distributed state never leak into the pytest process.
+Each case runs in a subprocess, so CUDA and torch.distributed state never leak into the pytest process. The
+CPU case hides the GPUs from it (CUDA_VISIBLE_DEVICES=""), so it is the CPU path even on a GPU machine.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 ROOT = Path(__file__).resolve().parents[2]
+DEVICES = [pytest.param("cpu", id="cpu"),
+           pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu,
+                                                  pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])]
 
 PREPARE = r"""
 import sys
@@ -32,11 +37,11 @@ from posttrain.config import Backend, DataConfig, DType, ModelConfig, SFTConfig,
 from posttrain.data.prepare import prepare_dataset
 from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 from posttrain.sft import run_sft
-d = Path(sys.argv[1])
+d, CUDA = Path(sys.argv[1]), sys.argv[2] == "cuda"
 prepare_dataset(DataConfig(num_examples=4000, num_digits=2, eval_size=100), d / "ds")
 train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
-MODEL = ModelConfig(max_seq_len=32, dtype=DType.BF16, gradient_checkpointing=True)
-run_sft(model_cfg=MODEL, sft_cfg=SFTConfig(steps=400, global_batch_size=128, micro_batch_size=128, nproc=1,
+MODEL = ModelConfig(max_seq_len=32, dtype=DType.BF16 if CUDA else DType.FP32, gradient_checkpointing=True)
+run_sft(model_cfg=MODEL, sft_cfg=SFTConfig(steps=400 if CUDA else 40, global_batch_size=128, micro_batch_size=128, nproc=1,
         backend=Backend.AUTO, save_every=0), tracking_cfg=TrackingConfig(wandb=False, log_every=50),
         dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
 """
@@ -54,19 +59,18 @@ from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.policy_group import PolicyGroup
 from posttrain.rl.roles.reference import ReferenceGroup, ReferenceWorker
 from posttrain.rl.roles.reward import RewardGroup, RewardWorker
-from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker, TransformersEngine
+from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
 from posttrain.rl.state import PromptSampler
 
 class Keep:
     def __init__(self): self.logged = []
     def log(self, m): self.logged.append(m)
-    def close(self): pass
+    def close(self, model_id=None, failed=False): pass
 
 rl = RLConfig(steps=2, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=6, top_p=0.95, top_k=50,
               kl_coef=0.01, checkpoint_every=0, micro_batch_size=32, remote_timeout_s=300, lr=1e-5)
 md = str(d / "model")
-rollout = RolloutWorker(md, 0, 1)
-rollout.engine = TransformersEngine(md, dtype=MODEL.dtype)  # bf16: RolloutWorker takes no model config yet
+rollout = RolloutWorker(md, 0, 1, model_cfg=MODEL)
 policy = PolicyWorker(md, rl, 0, 1, model_cfg=MODEL)
 reference = ReferenceWorker(md, 0, 1, cfg=rl, model_cfg=MODEL)
 reward = RewardWorker(RewardConfig(), 0, 1)
@@ -82,9 +86,10 @@ history = Controller(rl, groups, sampler, Keep(), checkpointer=None).run(rl.step
 p = next(policy.model.parameters())
 r = next(rollout.engine.model.parameters())
 f = next(reference.model.parameters())
-assert p.is_cuda and p.dtype == torch.float32, (p.device, p.dtype)
-assert r.is_cuda and r.dtype == torch.bfloat16 and f.is_cuda and f.dtype == torch.bfloat16, (r.dtype, f.dtype)
-assert dist.get_backend() == "nccl", dist.get_backend()
+low = torch.bfloat16 if CUDA else torch.float32
+assert p.is_cuda == CUDA and p.dtype == torch.float32, (p.device, p.dtype)
+assert r.is_cuda == CUDA and r.dtype == low and f.is_cuda == CUDA and f.dtype == low, (r.dtype, f.dtype)
+assert dist.get_backend() == ("nccl" if CUDA else "gloo"), dist.get_backend()
 assert policy.model.is_gradient_checkpointing
 assert len(history) == 2 and pg.version == 2
 for m in history:
@@ -103,7 +108,8 @@ model = store.put("model", "sft", d / "model", run_id="gpu", parents=[], config=
 data = store.put("dataset", "addition", d / "ds", run_id="gpu", parents=[], config={})
 rl = RLConfig(steps=2, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=6, kl_coef=0.01, checkpoint_every=0,
               remote_timeout_s=300)
-res = run_rl(rl_cfg=rl, reward_cfg=RewardConfig(), placement_cfg=PlacementConfig(policy_workers=1, gpus_per_worker=0.25),
+res = run_rl(rl_cfg=rl, reward_cfg=RewardConfig(),
+             placement_cfg=PlacementConfig(policy_workers=1, gpus_per_worker=0.25 if CUDA else 0.0),
              max_seq_len=32, tracking_cfg=TrackingConfig(wandb=False), start_model_dir=d / "model",
              dataset_dir=d / "ds", store_root=str(store.root), run_id="gpu", parents=[model.id, data.id],
              state_dir=d / "rlstate", start_model_id=model.id)
@@ -112,24 +118,28 @@ print("RESULT ok")
 """
 
 
-def _run(script: str, tmp_path: Path) -> str:
+def _run(script: str, tmp_path: Path, device: str) -> str:
     path = os.pathsep.join(x for x in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if x)
-    p = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=900,
-                       cwd=ROOT, env={**os.environ, "PYTHONPATH": path}, check=False)
+    env = {**os.environ, "PYTHONPATH": path, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path), device], capture_output=True, text=True,
+                       timeout=900, cwd=ROOT, env=env, check=False)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert "RESULT ok" in p.stdout
     return p.stdout
 
 
 @pytest.mark.timeout(900)
-def test_two_rl_steps_in_bf16_with_real_workers_in_process(tmp_path):
-    out = _run(IN_PROCESS, tmp_path)
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_rl_steps_with_real_workers_in_process(tmp_path, device):
+    out = _run(IN_PROCESS, tmp_path, device)
     print(out[-1500:])
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.ray  # starts Ray (in its subprocess): runs in the Ray tests' pytest process
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="Ray is not installed on this GPU machine: the RL roles ran in-process above "
-                           "(test_two_rl_steps_in_bf16_with_real_workers_in_process); only the Ray transport is skipped")
-def test_two_rl_steps_through_ray_on_one_gpu(tmp_path):
-    _run(THROUGH_RAY, tmp_path)
+                           "(test_two_rl_steps_with_real_workers_in_process); only the Ray transport is skipped")
+def test_two_rl_steps_through_ray_on_one_gpu(tmp_path, device):
+    _run(THROUGH_RAY, tmp_path, device)
