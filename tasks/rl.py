@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from flytekit import Deck, Resources, task
+from flytekit import Deck, PodTemplate, Resources, task
+from flytekit.core.resources import pod_spec_from_resources
 from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
 
 from images.specs import cpu_image
@@ -28,16 +29,31 @@ from posttrain.rl.placement import group_resource_start_params
 from tasks import settings
 from tasks.errors import stage_errors
 
+
+
+def ray_pod(container: str, requests: Resources, shm: str) -> PodTemplate:
+    """A Ray pod with `requests` (= limits) and a memory-backed /dev/shm of `shm` (Kubernetes quantity), which the
+    policy's weight file goes to (posttrain.rl.weight_transfer; a container's default /dev/shm is 64 MiB). The
+    volume's pages count against the pod's memory limit. flytekitplugins-ray takes requests or a pod template,
+    not both: hence the template. `container` is the plugin's name for the Ray container (ray-head/ray-worker)."""
+    from kubernetes.client import V1EmptyDirVolumeSource, V1Volume, V1VolumeMount
+
+    spec = pod_spec_from_resources(primary_container_name=container, requests=requests, limits=requests)
+    spec.volumes = [V1Volume(name="dshm", empty_dir=V1EmptyDirVolumeSource(medium="Memory", size_limit=shm))]
+    spec.containers[0].volume_mounts = [V1VolumeMount(name="dshm", mount_path="/dev/shm")]
+    return PodTemplate(pod_spec=spec, primary_container_name=container)
+
+
 ray_config = RayJobConfig(
     head_node_config=HeadNodeConfig(ray_start_params={"num-cpus": "1"},
-                                    requests=Resources(cpu="1", mem="2Gi")),
+                                    pod_template=ray_pod("ray-head", Resources(cpu="1", mem="2Gi"), "256Mi")),
     worker_node_config=[
         WorkerNodeConfig(group_name="rollout", replicas=settings.RAY_ROLLOUT_REPLICAS,
                          ray_start_params=group_resource_start_params("rollout"),
-                         requests=Resources(cpu="2", mem="4Gi")),
+                         pod_template=ray_pod("ray-worker", Resources(cpu="2", mem="4Gi"), settings.RAY_SHM)),
         WorkerNodeConfig(group_name="train", replicas=settings.RAY_TRAIN_REPLICAS,
                          ray_start_params=group_resource_start_params("train"),
-                         requests=Resources(cpu="2", mem="4Gi")),
+                         pod_template=ray_pod("ray-worker", Resources(cpu="2", mem="4Gi"), settings.RAY_SHM)),
     ],
     shutdown_after_job_finishes=True,
     ttl_seconds_after_finished=600,

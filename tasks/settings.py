@@ -19,6 +19,10 @@ RAY_TRAIN_REPLICAS = int(os.environ.get("POSTTRAIN_RAY_TRAIN_REPLICAS", "2"))
 """Replicas of the Ray `train` worker group (one per policy rank): must equal `placement.policy_workers`."""
 RAY_ROLLOUT_REPLICAS = int(os.environ.get("POSTTRAIN_RAY_ROLLOUT_REPLICAS", "1"))
 """Replicas of the Ray `rollout` worker group: must equal `placement.rollout_workers`."""
+RAY_SHM = os.environ.get("POSTTRAIN_RAY_SHM", "1Gi")
+"""Size of the memory-backed /dev/shm on every Ray worker pod (a Kubernetes quantity): room for the policy's
+weight file during a sync (model parameters x 4 bytes in fp32, x 2 in bf16: 538 MB for a 135M model). Without
+room, the weights go through a disk file or Ray's object store instead (named in the run's log)."""
 TASK_RETRIES = int(os.environ.get("POSTTRAIN_TASK_RETRIES", "2"))
 """Flyte `retries` of the SFT and RL tasks. Flyte retries a task on a system failure (a lost pod or node) and
 on a FlyteRecoverableException; the retry resumes from the stage's resumable state where it can reach it."""

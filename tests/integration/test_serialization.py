@@ -45,7 +45,7 @@ def _serialize(env: dict[str, str]) -> dict:
 @pytest.mark.timeout(300)
 def test_single_node_elastic_and_ray_worker_groups():
     out = _serialize({"POSTTRAIN_SFT_NPROC": "2", "POSTTRAIN_RAY_TRAIN_REPLICAS": "2",
-                      "POSTTRAIN_RAY_ROLLOUT_REPLICAS": "1"})
+                      "POSTTRAIN_RAY_ROLLOUT_REPLICAS": "1", "POSTTRAIN_RAY_SHM": "3Gi"})
     sft = out["sft"]
     # nnodes=1: a plain pod running N local processes; no training operator needed.
     assert sft["type"] == "python-task"
@@ -58,6 +58,14 @@ def test_single_node_elastic_and_ray_worker_groups():
     params = {g["groupName"]: g["rayStartParams"] for g in rl["custom"]["rayCluster"]["workerGroupSpec"]}
     assert {g: json.loads(p["resources"].strip("'")) for g, p in params.items()} == {
         "rollout": {"rollout": 1000}, "train": {"train": 1000}}
+    # every worker pod requests its CPUs and memory and mounts a memory-backed /dev/shm sized for the weight file
+    for g in rl["custom"]["rayCluster"]["workerGroupSpec"]:
+        spec = g["k8sPod"]["podSpec"]
+        (c,) = spec["containers"]
+        assert c["name"] == "ray-worker" and c["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
+        (mount,) = c["volumeMounts"]
+        vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert mount["mountPath"] == "/dev/shm" and vol["emptyDir"] == {"medium": "Memory", "sizeLimit": "3Gi"}
     sched = out["launch_plan"]["spec"]["entityMetadata"]["schedule"]
     assert sched["cronSchedule"]["schedule"] == "0 3 * * *"
 

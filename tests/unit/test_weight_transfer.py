@@ -101,3 +101,55 @@ def test_role_workers_take_placement_torch_threads(folders):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def small_shm(tmp_path):
+    """A 1 MiB memory-backed file system, like a default container's /dev/shm (64 MiB) is to a real model."""
+    import subprocess
+
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root): the room checks run where it can")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_too_small_shm_falls_back_to_a_disk_file_then_to_the_object_store_and_says_why(small_shm, tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    need = 4 * 2**20  # a 4 MiB weight file: more than the 1 MiB tmpfs holds
+    folder, why = wt.choose_folder(small_shm / "posttrain-weights-r", need, fallbacks=(disk,))
+    assert folder == disk / "posttrain-weights-r"
+    assert f"{small_shm} has 1.0 MiB free" in why and "4.0 MiB" in why and "/dev/shm" in why
+    folder, why = wt.choose_folder(small_shm / "posttrain-weights-r", 1024, fallbacks=(disk,))
+    assert folder == small_shm / "posttrain-weights-r" and why.startswith("a shared file in")
+    too_big = wt.free_bytes(disk) * 2
+    folder, why = wt.choose_folder(small_shm / "posttrain-weights-r", too_big, fallbacks=(disk,))
+    assert folder is None and why.startswith("Ray's object store") and str(disk) in why
+
+
+def test_write_refuses_a_file_that_does_not_fit_before_writing_a_byte(small_shm):
+    big = {"w": torch.zeros(512, 1024)}  # 2 MiB in fp32
+    with pytest.raises(wt.NoRoomError, match=r"version 3 needs 2.0 MiB in .*which has 1.0 MiB free"):
+        wt.write(big, small_shm / "run", version=3, node="n")
+    assert list((small_shm / "run").iterdir()) == []
+    assert wt.file_bytes(big, torch.bfloat16) == 2**20
+
+
+def test_the_policy_worker_picks_where_its_weights_fit_and_removes_them_on_its_node(folders, small_shm, tmp_path):
+    from posttrain.config import RLConfig
+    from posttrain.rl.roles.policy import PolicyWorker
+
+    w = PolicyWorker(str(folders["tiny"]), RLConfig(), 0, 1, threads=1)
+    need = wt.file_bytes(w.model.state_dict(), w.sync_dtype)
+    assert need > 2**20  # the tiny model does not fit the 1 MiB tmpfs
+    folder, why = w.choose_shared_folder(str(small_shm / "posttrain-weights-x"))
+    assert folder is not None and not folder.startswith(str(small_shm)) and "has 1.0 MiB free" in why
+    shared = w.publish(folder)
+    assert shared.path.startswith(folder)
+    w.remove_shared()
+    assert not (small_shm / "posttrain-weights-x").exists() and not __import__("os").path.exists(folder)

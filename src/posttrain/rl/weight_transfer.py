@@ -14,6 +14,18 @@ as an alias in the file's metadata. The file is deleted as soon as every rollout
 also replaces any left from v-1 (the controller syncs one version at a time). The folder is removed
 when the run ends (`remove_folder`); a killed pod takes its /dev/shm with it.
 
+Room. A pod's /dev/shm is whatever the pod spec gives it: 64 MiB in a default container, while a 135M model
+in fp32 is 538 MB. Before the first sync, policy rank 0 checks the free space where it would write
+(`choose_folder`): /dev/shm if the file fits there, else the node's temp folder (a disk file, read the same
+way), else none - the weights then travel through Ray's object store. The run's log names the choice and
+why. `write` checks again before each file and raises NoRoomError, naming the folder, before writing a byte.
+The RayJob (tasks/rl.py) mounts a memory-backed /dev/shm sized for the weight file on every pod.
+
+Who removes what. Every file lives on policy rank 0's node, so it is removed there: the rollout worker that
+read it last releases it (`RolloutWorker.release`, on that node), and policy rank 0 removes the folder when
+the run's actors are released (`PolicyWorker.remove_shared`). The controller and the driver may sit on
+another node, where that path means nothing.
+
 Checks stay where they were: each rollout worker reports the checksum of what it now holds, compared with
 the policy's (posttrain.rl.weight_sync).
 """
@@ -45,10 +57,55 @@ class SharedWeights:
     version: int
 
 
+SHM = Path("/dev/shm")
+HEADROOM = 1.05
+"""A folder is chosen only when its free space is at least this times the file's size."""
+
+
+class NoRoomError(OSError):
+    """The weight file does not fit where it was to be written."""
+
+
 def folder_for(run_id: str) -> Path:
     """A per-run folder in shared memory (/dev/shm where it exists and is writable, else the temp folder)."""
-    root = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    root = SHM if os.access(SHM, os.W_OK) else Path(tempfile.gettempdir())
     return root / f"posttrain-weights-{run_id}-{os.getpid()}"
+
+
+def file_bytes(named: Mapping[str, torch.Tensor], dtype: torch.dtype) -> int:
+    """Bytes of the tensor data `write` would store (tied tensors once), without the small header."""
+    unique, _ = _unique(named)
+    item = torch.empty((), dtype=dtype).element_size()
+    return sum(t.numel() for t in unique.values()) * item
+
+
+def free_bytes(folder: Path) -> int:
+    """Free bytes on the file system that holds `folder` (or its nearest existing parent)."""
+    p = Path(folder)
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def choose_folder(preferred: str | Path, needed: int,
+                  fallbacks: tuple[Path, ...] | None = None) -> tuple[Path | None, str]:
+    """(the folder to write weight files to - `preferred` if `needed` bytes fit there, else the same folder
+    name under the first fallback root with room, else None for Ray's object store -, a sentence for the log).
+    `fallbacks`: roots to try after `preferred` (default: the temp folder)."""
+    preferred = Path(preferred)
+    roots = fallbacks if fallbacks is not None else (Path(tempfile.gettempdir()),)
+    size = f"{needed / 2**20:.1f} MiB"
+    tried = []
+    for folder in (preferred, *(r / preferred.name for r in roots)):
+        free = free_bytes(folder)
+        if free >= needed * HEADROOM:
+            if not tried:
+                return folder, f"a shared file in {folder} ({size}; {free / 2**20:.0f} MiB free there)"
+            return folder, (f"a file in {folder} ({size}), because " + "; ".join(tried) + " - give the pods a larger "
+                            "memory-backed /dev/shm (tasks/rl.py) for a file in RAM")
+        tried.append(f"{folder.parent} has {free / 2**20:.1f} MiB free")
+    return None, (f"Ray's object store: the weight file ({size}) fits nowhere on policy rank 0's node (" +
+                  "; ".join(tried) + ")")
 
 
 def release(shared: SharedWeights) -> None:
@@ -96,6 +153,10 @@ def write(named: Mapping[str, torch.Tensor], folder: str | Path, *, version: int
     path = folder / f"weights-v{version:06d}.safetensors"
     for old in folder.glob("weights-v*"):  # every reader is done with it: one file's worth of memory at a time
         old.unlink(missing_ok=True)
+    need = 8 + len(raw) + offset
+    if (free := free_bytes(folder)) < need:
+        raise NoRoomError(f"weight transfer: version {version} needs {need / 2**20:.1f} MiB in {folder}, which has "
+                          f"{free / 2**20:.1f} MiB free (nothing was written)")
     tmp = path.with_suffix(".tmp")
     with torch.no_grad(), open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))

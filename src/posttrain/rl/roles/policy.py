@@ -279,6 +279,19 @@ class PolicyWorker(SPMDWorker):
         """The weights for rollout workers: CPU copies in `sync_dtype` (Ray ships CPU tensors)."""
         return {k: v.detach().to("cpu", self.sync_dtype, copy=True) for k, v in self.model.state_dict().items()}
 
+    def choose_shared_folder(self, preferred: str) -> tuple[str | None, str]:
+        """Where this node has room for the weight file (`weight_transfer.choose_folder`): (folder or None for
+        the object store, why)."""
+        named = self.model.state_dict()
+        folder, why = weight_transfer.choose_folder(preferred, weight_transfer.file_bytes(named, self.sync_dtype))
+        self._shared_folders = [preferred] + ([str(folder)] if folder else [])
+        return (str(folder) if folder else None), why
+
+    def remove_shared(self) -> None:
+        """Remove the weight-file folders on this node (the run's actors are being released)."""
+        for folder in getattr(self, "_shared_folders", []):
+            weight_transfer.remove_folder(folder)
+
     def publish(self, folder: str) -> weight_transfer.SharedWeights:
         """Write the weights for rollout workers on this node into shared memory (`weight_transfer`), in
         `sync_dtype`, streamed tensor by tensor: no second full copy in this process."""

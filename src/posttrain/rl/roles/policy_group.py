@@ -28,7 +28,11 @@ class PolicyGroup(SPMDGroup):
         version, so a resumed run splits the same way."""
         super().__init__(workers, ids, timeout_s)
         self.mb, self.mini_batches, self.seed = micro_batch_size, mini_batches, seed
-        self.shared_folder = shared_folder
+        self.shared_folder, self.transport = None, "Ray's object store (rollout workers are not on policy rank 0's node)"
+        if shared_folder:  # is there room on rank 0's node? (a pod's /dev/shm may be 64 MiB)
+            self.shared_folder, self.transport = gather([workers[0].choose_shared_folder.remote(shared_folder)],
+                                                        ids[:1], stage="policy.weights", timeout_s=timeout_s)[0]
+        print(f"rl: weights reach the rollout workers through {self.transport}", flush=True)
         self.version = 0
         self._checksum: str | None = None
         """Checksum of the weights at `version`, as rank 0 reported it after the last update (None: not known

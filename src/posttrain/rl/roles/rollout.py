@@ -115,6 +115,11 @@ class RolloutWorker:
             messages=[prompts.messages[i] for i in group], columns=[prompts.columns[i] for i in group],
             compute_s=time.perf_counter() - t0)
 
+    def release(self, shared: weight_transfer.SharedWeights) -> None:
+        """Delete a weight file every rollout worker has copied: here, on the node that holds it."""
+        if shared.node == self.id.node:
+            weight_transfer.release(shared)
+
     def load_weights(self, state: dict[str, torch.Tensor] | weight_transfer.SharedWeights, version: int
                      ) -> WeightReport:
         """`state`: the tensors (resolved from the object store), or where policy rank 0 wrote them on this node."""
@@ -164,9 +169,10 @@ class RolloutGroup:
         refs = [w.load_weights.remote(weights.payload, weights.version) for w in self.workers]
         try:
             return gather(refs, self.ids, stage="rollout.load_weights", timeout_s=self.timeout_s)
-        finally:  # every worker now holds its own copy: the shared file would only keep a third one in RAM
-            if isinstance(weights.payload, weight_transfer.SharedWeights):
-                weight_transfer.release(weights.payload)
+        finally:  # every worker now holds its own copy: the shared file would only keep a third one in RAM.
+            if isinstance(weights.payload, weight_transfer.SharedWeights):  # removed on its node, not here
+                gather([self.workers[0].release.remote(weights.payload)], self.ids[:1], stage="rollout.release",
+                       timeout_s=self.timeout_s)
 
 
 def _slice(p: PromptBatch, lo: int, hi: int) -> PromptBatch:
