@@ -154,30 +154,14 @@ def test_resume_after_sigkill_gives_the_same_weights(tmp_path, small_data):
     assert _max_diff(a, b) <= 1e-6
 
 
-LEARN = r"""
-import sys
-from pathlib import Path
-from posttrain.config import DataConfig, EvalConfig, ModelConfig, SFTConfig, TrackingConfig
-from posttrain.data.prepare import prepare_dataset
-from posttrain.eval import evaluate
-from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
-from posttrain.sft import run_sft
-d = Path(sys.argv[1])
-prepare_dataset(DataConfig(num_examples=12000, num_digits=2, eval_size=500), d / "ds")
-train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
-run_sft(model_cfg=ModelConfig(max_seq_len=32), sft_cfg=SFTConfig(steps=600, global_batch_size=256, micro_batch_size=256,
-        nproc=1, lr=3e-3, save_every=0), tracking_cfg=TrackingConfig(wandb=False, log_every=100),
-        dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
-r = evaluate(d / "model", d / "ds", EvalConfig(num_problems=500, k=1, max_new_tokens=6))
-print("GREEDY", r.greedy_accuracy)
-"""
-
-
 @pytest.mark.timeout(900)
-def test_a_tiny_model_learns_addition(tmp_path):
-    # About 2 minutes on an idle 2-core machine; the limits leave room for a loaded one.
-    p = subprocess.run([sys.executable, "-c", LEARN, str(tmp_path)], capture_output=True, text=True, timeout=850,
-                       cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "2"})
-    assert p.returncode == 0, p.stderr[-3000:]
-    acc = float(p.stdout.split("GREEDY")[1])
-    assert acc >= 0.6, p.stdout[-2000:]
+def test_a_tiny_model_learns_addition(tiny_sft_model):
+    """The shared fixture is SFT from random weights (1,200 steps, the default recipe's data and settings, one
+    rank; the split-invariance test above shows 2 ranks train the same model): it must have learned the task. A
+    fresh model scores 0; the fixture 0.472 when this was written (the default's 2,000 steps: 0.434)."""
+    from posttrain.config import EvalConfig
+    from posttrain.eval import evaluate
+
+    r = evaluate(tiny_sft_model["model_dir"], tiny_sft_model["dataset_dir"],
+                 EvalConfig(num_problems=500, k=1, max_new_tokens=6))
+    assert r.greedy_accuracy >= 0.35, r.greedy_accuracy
