@@ -46,14 +46,14 @@ def tiny(tmp_path_factory):
     return {"model_dir": root / "model", "dataset_dir": root / "dataset", "max_seq_len": recipe.model.max_seq_len}
 
 
-def _run(tmp_path, tiny, **kw):
+def _run(tmp_path, tiny, rl: RLConfig = RL, **kw):
     from posttrain.artifacts import ArtifactStore
     from posttrain.rl.run import run_rl
 
     store = ArtifactStore(tmp_path / "store")
     model = store.put("model", "start", tiny["model_dir"], run_id="test", parents=[], config={})
     data = store.put("dataset", "addition", tiny["dataset_dir"], run_id="test", parents=[], config={})
-    return run_rl(rl_cfg=RL, reward_cfg=REWARD, placement_cfg=PlacementConfig(policy_workers=1),
+    return run_rl(rl_cfg=rl, reward_cfg=REWARD, placement_cfg=PlacementConfig(policy_workers=1),
                   max_seq_len=tiny["max_seq_len"], tracking_cfg=TrackingConfig(wandb=False, log_every=1),
                   start_model_dir=tiny["model_dir"], dataset_dir=tiny["dataset_dir"], store_root=str(store.root),
                   run_id="vllm", parents=[model.id, data.id], state_dir=tmp_path / "state", start_model_id=model.id,
@@ -92,3 +92,31 @@ def test_stale_vllm_worker_stops_the_run(ray_local, tiny, tmp_path):
     ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with pytest.raises(StaleWeightsError, match=r"rollout\[0/1\].*reports version 1 checksum"):
         _run(tmp_path, tiny, workers={"rollout": StaleRolloutWorker})
+
+
+@pytest.mark.timeout(900)
+def test_on_policy_distillation_with_vllm_rollouts(ray_local, tiny, tmp_path):
+    """The student samples with vLLM and the advantages come from vLLM's log-probs of those samples, which the
+    teacher (a noised copy of the start model) scores token by token; every step passes the drift gate. (That
+    the student moves toward the teacher: tests/unit/test_rl_distill.py, with the transformers engine.)"""
+    import shutil
+    from dataclasses import replace
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from posttrain.config import Algorithm
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny["model_dir"], teacher)
+    weights = load_file(teacher / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    save_file({k: v + 0.05 * torch.randn(v.shape, generator=g) * v.float().std() for k, v in weights.items()},
+              teacher / "model.safetensors", metadata={"format": "pt"})
+    cfg = replace(RL, algorithm=Algorithm.ON_POLICY_DISTILL, teacher=str(teacher), steps=2)
+    res = _run(tmp_path, tiny, rl=cfg)
+    assert [m.policy_version for m in res.history] == [1, 2]
+    for m in res.history:
+        flat = m.flat()
+        assert flat["distill/reverse_kl"] > 0 and flat["compute/teacher_s"] > 0, flat
+        assert m.drift < cfg.drift_threshold and m.generated_tokens > 0
