@@ -145,10 +145,10 @@ def test_with_max_restarts_0_a_lost_worker_ends_the_run_naming_it(ray_local, tin
 
 
 class SlowRewardWorker(RewardWorker):
-    """Takes 30 s per call: within rl.remote_timeout_s, but over a 5 s rl.step_timeout_s."""
+    """Takes 300 s per call: over a 30 s rl.step_timeout_s, which fires before the 60 s rl.remote_timeout_s."""
 
     def score(self, *args, **kwargs):
-        time.sleep(30)
+        time.sleep(300)
         return super().score(*args, **kwargs)
 
 
@@ -158,11 +158,12 @@ def test_the_step_watchdog_names_the_step_and_stage(ray_local, tiny_sft_model, t
 
     ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     t0 = time.monotonic()
-    with pytest.raises(StepTimeoutError, match=r"step 1 did not finish within rl.step_timeout_s = 5s "
+    # 30 s: room for a slow machine's start-up and rollout before the reward stage it must name
+    with pytest.raises(StepTimeoutError, match=r"step 1 did not finish within rl.step_timeout_s = 30s "
                                                r"\(the controller is in stage 'reward'\)"):
-        _run(tmp_path, tiny_sft_model, replace(CFG, step_timeout_s=5, max_restarts=0),
+        _run(tmp_path, tiny_sft_model, replace(CFG, step_timeout_s=30, max_restarts=0),
              workers={"reward": SlowRewardWorker})
-    assert time.monotonic() - t0 < 60  # the watchdog, not the 30 s call or the 60 s remote timeout
+    assert time.monotonic() - t0 < 200  # the watchdog, not the 300 s call or the 60 s remote timeout after it
     _assert_released(ray_local)
 
 

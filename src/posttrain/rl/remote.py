@@ -93,7 +93,7 @@ def gather(refs: Sequence, workers: Sequence[WorkerId | str], *, stage: str, tim
     return ray.get(list(refs))
 
 
-LOST_GRACE_S = 5.0
+LOST_GRACE_S = 15.0
 """After one worker of a call fails, how long the others get to show that one of them died: when an SPMD rank
 dies, its peers fail in their collective (e.g. gloo's "connection closed by peer") about when Ray notices the
 death, and the death - not the peers' error - is the cause to report (and restart on)."""
