@@ -34,8 +34,11 @@ test: install
 	  || echo "chromium not installed: the browser test will skip"
 	# Tests that start Ray run in their own pytest process (forking ranks after Ray started can deadlock).
 	# The end-to-end pipeline test forks SFT ranks and then starts Ray: its own process as well.
-	$(BIN)/pytest -m "not ray and not e2e" -q -ra --durations=12
-	$(BIN)/pytest -m ray -q -ra --durations=12; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+	$(BIN)/pytest -m "not ray and not e2e and not cluster" -q -ra --durations=12
+	$(BIN)/pytest -m "ray and not cluster" -q -ra --durations=12; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+	# The cluster rehearsal: one Ray node per pod of the RL task's RayJob; it captures every bare ray.init() on
+	# the machine while it runs, so it has its own process and tears the cluster down at the end.
+	$(BIN)/pytest -m cluster -q -ra --durations=8; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	$(BIN)/pytest -m e2e -q -ra --durations=8; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	# The vLLM engine's tests run in the optional extra's own environment (installed here: ~2-4 min).
 	$(MAKE) test-vllm

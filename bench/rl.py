@@ -5,7 +5,7 @@
     .venv/bin/python bench/rl.py --sections trl --trl-steps 10    # a short TRL comparison
     .venv/bin/python bench/rl.py --sections placement --steps 20  # (BENCH_RL_STEPS=20 works too)
 
-Sections (`--sections placement,engines,trl,ppo`; default all; each ends with the load average and versions):
+Sections (`--sections placement,engines,trl,ppo,cluster`; default all; each ends with the load average and versions):
 - placement: COLOCATED vs SPLIT on the tiny_cpu model (random init: rewards are all 0, which changes no
   timing - the update still runs its full forward/backward). Per mode: mean step wall time, rollout
   generated tokens/s, orchestration-overhead share (1 - worker-timed compute / step wall time), phase
@@ -26,6 +26,9 @@ Sections (`--sections placement,engines,trl,ppo`; default all; each ends with th
   cached SFT model at the same batch: median step time and phases, held-out greedy and sampled gain, PPO / GRPO
   step-time ratio within each of 3 GRPO/PPO pairs run in turn (--ppo-reps), against the ratio the extra critic
   work predicts; and whether the pinned TRL has a PPO trainer to compare with (1.16.0 has none).
+- cluster (bench/rl_cluster.py): the tiny_cpu recipe's RL on the cluster rehearsal - one local Ray node per pod
+  of the RL task's RayJob - against local Ray, in turn (--cluster-reps pairs, --cluster-steps each): median step
+  time, rehearsal / local ratio. Every pod shares this machine's cores: it measures the orchestration's cost.
 Run on an otherwise idle machine: Ray workers run at nice 15, so any other process takes their CPU first.
 """
 
@@ -48,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings: rl_
 
 from rl_runs import build_inputs, local_ray, run_steps
 
-SECTIONS = ("placement", "engines", "trl", "ppo")
+SECTIONS = ("placement", "engines", "trl", "ppo", "cluster")
 
 
 def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path, steps: int) -> dict:
@@ -143,6 +146,12 @@ def ppo_section(steps: int | None, reps: int) -> None:
     rl_ppo.print_section(rl_ppo.compare(steps, reps))
 
 
+def cluster_section(steps: int | None, reps: int) -> None:
+    import rl_cluster
+
+    rl_cluster.print_section(rl_cluster.compare(steps, reps))
+
+
 def versions() -> str:
     def v(p):
         try:
@@ -164,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     ap.add_argument("--ppo-steps", type=int, default=0, help="ppo section: RL steps (0: the recipes' own, 100)")
     ap.add_argument("--ppo-reps", type=int, default=3, help="ppo section: GRPO/PPO pairs of runs, in turn")
+    ap.add_argument("--cluster-steps", type=int, default=20, help="cluster section: RL steps per run")
+    ap.add_argument("--cluster-reps", type=int, default=2, help="cluster section: local/rehearsal pairs, in turn")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
     if unknown := set(sections) - set(SECTIONS):
@@ -179,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             trl_section(args.trl_steps or None, args.trl_threads)
         elif name == "ppo":
             ppo_section(args.ppo_steps or None, args.ppo_reps)
+        elif name == "cluster":
+            cluster_section(args.cluster_steps, args.cluster_reps)
         print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     load1 = os.getloadavg()
     print(f"\nload average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "

@@ -5,13 +5,14 @@
 KubeRay gives each pod's `ray start` the group's `ray_start_params` and, unless they say otherwise, the pod's
 CPU request as `--num-cpus` and its memory request as `--memory`. The placement plan reads these shapes (a
 plan that cannot fit them fails before anything starts: tests/unit/test_placement_pods.py), and the cluster
-rehearsal (tests/cluster/) starts one local Ray node per pod from them.
+rehearsal (`local_cluster`: tests/cluster/, bench/rl.py --sections cluster) starts one local Ray node per pod.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from posttrain.rl.placement import Node
@@ -98,3 +99,36 @@ def pods(config) -> list[Pod]:
     for g in config.worker_node_config:
         out += [_pod(f"{g.group_name}-{i}", g.group_name, g.ray_start_params, _requests(g)) for i in range(g.replicas)]
     return out
+
+
+def add_node(cluster, pod: Pod):
+    """Start `pod` as a Ray node of a `ray.cluster_utils.Cluster`: its CPUs, memory and custom resources."""
+    return cluster.add_node(num_cpus=pod.num_cpus, resources=pod.resources, memory=pod.memory_bytes or None,
+                            object_store_memory=200 * 2**20)
+
+
+@contextmanager
+def local_cluster(config, *, env_vars: dict[str, str] | None = None):
+    """A rehearsal of the RayJob on this machine: one local Ray node per pod of `config` (the head with its
+    `num-cpus`, each worker group's replicas with their CPUs, memory and group resource), this process connected
+    to it as the job's driver is. Yields (cluster, {pod name: (Pod, Ray node)}); the cluster is torn down at the
+    end, whatever happens - while it runs, every bare `ray.init()` on the machine joins it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        raise RuntimeError("local_cluster: this process is already connected to Ray; the rehearsal needs its own")
+    shape = pods(config)
+    head, workers = shape[0], shape[1:]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head.num_cpus, "resources": head.resources,
+                                                            "include_dashboard": False})
+    try:
+        nodes = {p.name: (p, add_node(cluster, p)) for p in workers}
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                                           **(env_vars or {})}})
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

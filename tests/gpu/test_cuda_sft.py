@@ -1,5 +1,5 @@
 """GPU path: SFT with NCCL (world size 1: NCCL refuses two ranks on one GPU) and bf16 autocast, then evaluation
-on CUDA; on a GPU it must learn (greedy >= 0.6). The same script runs on the CPU (gloo, fp32, 40 steps, GPUs
+on CUDA; on a GPU it must learn (greedy >= 0.6). The same script runs on the CPU (gloo, fp32, 20 steps, GPUs
 hidden) in every `make test`, so the GPU path's calls cannot drift from the code unnoticed; nothing in CI
 depends on a GPU."""
 
@@ -30,7 +30,7 @@ d, CUDA = Path(sys.argv[1]), sys.argv[2] == "cuda"
 prepare_dataset(DataConfig(num_examples=12000, num_digits=2, eval_size=500), d / "ds")
 train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
 m = run_sft(model_cfg=ModelConfig(max_seq_len=32, dtype=DType.BF16 if CUDA else DType.FP32),
-            sft_cfg=SFTConfig(steps=600 if CUDA else 40, global_batch_size=256, micro_batch_size=256, nproc=1,
+            sft_cfg=SFTConfig(steps=600 if CUDA else 20, global_batch_size=256, micro_batch_size=256, nproc=1,
                               backend=Backend.NCCL if CUDA else Backend.GLOO, save_every=0),
             tracking_cfg=TrackingConfig(wandb=False, log_every=100), dataset_dir=d / "ds",
             tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")

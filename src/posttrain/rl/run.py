@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from posttrain.artifacts import ArtifactRef
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig, TrackingConfig, to_dict
@@ -64,6 +64,9 @@ class RLResult:
     history: list[StepMetrics]
     restarts: int = 0
     """How many times the actors were rebuilt after a lost worker or a timeout (rl.max_restarts)."""
+    placement: dict = field(default_factory=dict)
+    """Where the actors that finished the run ran: {"nodes": {role: [Ray node id (12 hex) of each rank]},
+    "weights": how the policy's weights reached the rollout workers}."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,9 +126,12 @@ class ControllerActor:
                             start=latest.step if latest else 0, wandb_run=spec.wandb_run,
                             wandb_id=latest.wandb_id if latest else None)
         self.controller = Controller(cfg, groups, sampler, tracker, self.checkpointer)
+        self.placement = {"nodes": {role: [i.node for i in ids[role]] for role in ids},
+                          "weights": groups["policy"].transport}
 
-    def ready(self) -> None:
-        """Returns once __init__ is done: every role worker started and the policy group joined."""
+    def ready(self) -> dict:
+        """Returns once __init__ is done (every role worker started and the policy group joined): where they run."""
+        return self.placement
 
     def run(self, steps: int) -> tuple[str, list[StepMetrics]]:
         history = self.controller.run(steps)
@@ -153,7 +159,7 @@ def _role_actors(plan, pgs: dict, workers: dict[str, type], settings: registry.R
     return out
 
 
-def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list[StepMetrics]]:
+def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list[StepMetrics], dict]:
     """Wait for the controller actor to start, then for its `cfg.steps` steps under the step watchdog; a
     failure inside it is raised here as the controller's own exception, a dead controller as WorkerLostError
     and a start that overran as RemoteTimeoutError (both restartable)."""
@@ -163,12 +169,13 @@ def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list
     start_timeout = cfg.remote_timeout_s * WAIT_CALLS_PER_STEP
     try:
         try:
-            ray.get(controller.ready.remote(), timeout=start_timeout)
+            placement = ray.get(controller.ready.remote(), timeout=start_timeout)
         except ray.exceptions.GetTimeoutError:
             raise RemoteTimeoutError(f"rl: the controller and its role actors did not start within "
                                      f"{start_timeout:.0f}s (rl.remote_timeout_s x 10)") from None
-        print(f"rl: {role_actors} role actors and the controller started in {time.perf_counter() - t0:.1f}s",
-              flush=True)
+        print(f"rl: {role_actors} role actors and the controller started in {time.perf_counter() - t0:.1f}s; "
+              + ", ".join(f"{role}{list(nodes)}" for role, nodes in placement["nodes"].items())
+              + f" (Ray nodes); weights via {placement['weights']}", flush=True)
         run = controller.run.remote(cfg.steps)
         seen, since = -1, time.monotonic()
         while not ray.wait([run], timeout=WATCHDOG_POLL_S)[0]:
@@ -178,7 +185,7 @@ def _wait_for(controller, cfg: RLConfig, *, role_actors: int) -> tuple[str, list
             elif time.monotonic() - since > cfg.step_timeout_s:
                 raise StepTimeoutError(f"rl: step {step + 1} did not finish within rl.step_timeout_s = "
                                        f"{cfg.step_timeout_s:g}s (the controller is in stage {stage!r})")
-        return ray.get(run)
+        return (*ray.get(run), placement)
     except ray.exceptions.GetTimeoutError:
         raise RemoteTimeoutError(f"rl: the controller actor did not answer a progress query within "
                                  f"{cfg.remote_timeout_s:.0f}s") from None
@@ -219,7 +226,7 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
     try:
         for attempt in range(rl_cfg.max_restarts + 1):
             try:
-                model_id, history = _attempt(spec, workers, placement_timeout_s)
+                model_id, history, placement = _attempt(spec, workers, placement_timeout_s)
                 break
             except RESTARTABLE as e:
                 if attempt == rl_cfg.max_restarts:
@@ -234,18 +241,32 @@ def run_rl(*, rl_cfg: RLConfig, reward_cfg: RewardConfig, model_cfg: ModelConfig
 
     model = ArtifactStore(store_root).ref(model_id)
     return RLResult(model=model, steps=len(history), last_metrics=history[-1] if history else None, history=history,
-                    restarts=attempt)
+                    restarts=attempt, placement=placement)
 
 
-def _attempt(spec: RunSpec, workers: dict[str, type], placement_timeout_s: float) -> tuple[str, list[StepMetrics]]:
+def _attempt(spec: RunSpec, workers: dict[str, type], placement_timeout_s: float
+             ) -> tuple[str, list[StepMetrics], dict]:
     """One life of the run's actors: placement, role actors, controller, wait; then everything is released."""
     import ray
 
     cfg = spec.rl_cfg
-    available = pl.free_resources(min_cpu=min(1.0, ray.cluster_resources().get("CPU", 1.0)))
-    plan = pl.plan_placement(spec.placement_cfg, counts=registry.role_counts(spec.settings()), available=available)
+    deadline, told = time.monotonic() + placement_timeout_s, False
+    while True:
+        available = pl.free_resources(min_cpu=min(1.0, ray.cluster_resources().get("CPU", 1.0)))
+        try:
+            plan = pl.plan_placement(spec.placement_cfg, counts=registry.role_counts(spec.settings()),
+                                     available=available, nodes=pl.cluster_nodes())
+            break
+        except pl.NoPodsError as e:  # a lost pod that KubeRay is recreating: wait for it, up to the timeout
+            if time.monotonic() > deadline:
+                e.add_note(f"rl: waited {placement_timeout_s:.0f}s for it")
+                raise
+            if not told:
+                print(f"rl: {e}; waiting up to {placement_timeout_s:.0f}s for one to join", flush=True)
+                told = True
+            time.sleep(1.0)
     print(f"rl: {plan.describe()}", flush=True)
-    pgs, actors = {}, []
+    pgs, actors, handles = {}, [], {}
     try:
         pgs = pl.create_placement_groups(plan, timeout_s=placement_timeout_s)
         handles = _role_actors(plan, pgs, workers, spec.settings())
@@ -254,6 +275,12 @@ def _attempt(spec: RunSpec, workers: dict[str, type], placement_timeout_s: float
         actors.append(controller)
         return _wait_for(controller, cfg, role_actors=len(actors) - 1)
     finally:
+        if handles.get("policy"):  # the weight files live on policy rank 0's node: removed there
+            try:
+                ray.get(handles["policy"][0].remove_shared.remote(), timeout=10)
+            except Exception as e:  # noqa: BLE001 - a dead rank or node: its pod's /dev/shm went with it
+                print(f"rl: policy[0] did not remove its weight files ({type(e).__name__}); a lost pod's /dev/shm "
+                      "goes with it", flush=True)
         for a in actors:
             ray.kill(a, no_restart=True)
         if pgs:
