@@ -3,6 +3,7 @@
     .venv/bin/python bench/algorithms.py                                  # every algorithm, seeds 0 1 2
     .venv/bin/python bench/algorithms.py --seeds 0 --algorithms grpo,rloo  # a subset
     .venv/bin/python bench/algorithms.py --write-readme                   # also rewrite the README's table
+    .venv/bin/python bench/algorithms.py --seeds --rows-from a.json b.json --write-readme  # a table from parts
 
 For each seed s and algorithm A, it runs `make run`'s job (`pyflyte run workflows/pipeline.py pipeline`, the
 tiny_cpu recipe) in a subprocess. Every seed of the run is s (bench/default_seeds.py's seed_overrides), and
@@ -169,7 +170,8 @@ def write_readme(block: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2],
+                    help="seeds to run (none: only make the table from --rows-from)")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated: " + ", ".join(ALGORITHMS))
     ap.add_argument("--curve-every", type=int, default=10, help="checkpoint (and evaluate) every this many steps")
     ap.add_argument("--home", default=str(Path(tempfile.gettempdir()) / "posttrain-algorithms" / "seed{seed}"),
