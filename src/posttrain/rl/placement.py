@@ -314,12 +314,20 @@ def create_role_actors(worker_cls: type, placement: RolePlacement, pgs: dict[str
     ).remote(*init_args(rank)) for rank, b in enumerate(placement.bundle_indices)]
 
 
+HEAD_RESOURCE = "node:__internal_head__"
+"""The resource Ray gives the head node alone."""
+
+
 def create_controller_actor(controller_cls: type, *args: Any) -> Any:
-    """The controller actor: num_cpus=0 (it only waits on the role groups), outside every placement group;
-    two threads, so the driver's watchdog can ask for its progress while `run` goes on."""
+    """The controller actor: num_cpus=0 (it only waits on the role groups), outside every placement group, on
+    the head node (a sliver of its head-only resource): on KubeRay the head pod runs the job's driver and no
+    worker group, so losing a worker pod never takes the controller with it - measured in the rehearsal, a
+    controller left to land anywhere sat on the removed pod and cost a second restart. Two threads, so the
+    driver's watchdog can ask for its progress while `run` goes on."""
     import ray
 
-    return ray.remote(controller_cls).options(num_cpus=0, max_restarts=0, max_concurrency=2).remote(*args)
+    return ray.remote(controller_cls).options(num_cpus=0, max_restarts=0, max_concurrency=2,
+                                              resources={HEAD_RESOURCE: GROUP_RESOURCE_SLIVER}).remote(*args)
 
 
 def bundle_of(resource_names, pg_id: str) -> int | None:
