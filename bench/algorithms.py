@@ -150,7 +150,7 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -
                    f"reaches it; RL s: the summed step times up to it.{compare} on_policy_distill's teacher is the same seed's "
                    f"GRPO model; it trains at lr 2e-4 without warm-up (GRPO and the rest: tiny_cpu's 5e-5 with 10 "
                    f"warm-up steps), and grpo_lr2e-4 is GRPO at those settings. Made by {runs}; load average "
-                   f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end of the last part.")]
+                   f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} when the table was made.")]
     return "\n".join(lines)
 
 
