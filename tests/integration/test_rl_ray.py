@@ -151,20 +151,11 @@ def test_controller_with_real_ray_actors(ray_local, tiny_sft_model, tmp_path):
 def test_on_policy_distillation_through_the_rl_stage_names_its_teacher(ray_local, tiny_sft_model, tmp_path):
     """stages.rl end to end: the teacher folder (a noised copy of the start model) is stored, started as its own
     actor, scores the samples, and the distilled model names it as a parent."""
-    import shutil
-
-    import torch
-    from safetensors.torch import load_file, save_file
-
     from posttrain import stages
     from posttrain.config import Algorithm
+    from tests.files import noised_model_copy
 
-    teacher = tmp_path / "teacher"
-    shutil.copytree(tiny_sft_model["model_dir"], teacher)
-    weights = load_file(teacher / "model.safetensors")
-    g = torch.Generator().manual_seed(0)
-    save_file({k: v + 0.05 * torch.randn(v.shape, generator=g) * v.float().std() for k, v in weights.items()},
-              teacher / "model.safetensors", metadata={"format": "pt"})
+    teacher = noised_model_copy(tiny_sft_model["model_dir"], tmp_path / "teacher", 0.05)
     store, model, data = _store_inputs(tmp_path, tiny_sft_model)
     cfg = replace(SMALL, algorithm=Algorithm.ON_POLICY_DISTILL, teacher=str(teacher), kl_coef=0.0)
     ref = stages.rl(cfg, RewardConfig(), PlacementConfig(policy_workers=2, rollout_workers=1), TRACKING,

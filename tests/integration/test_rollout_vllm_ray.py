@@ -99,21 +99,13 @@ def test_on_policy_distillation_with_vllm_rollouts(ray_local, tiny, tmp_path):
     """The student samples with vLLM and the advantages come from vLLM's log-probs of those samples, which the
     teacher (a heavily noised copy of the start model) scores token by token; every step passes the drift gate. (That
     the student moves toward the teacher: tests/unit/test_rl_distill.py, with the transformers engine.)"""
-    import shutil
     from dataclasses import replace
 
-    import torch
-    from safetensors.torch import load_file, save_file
-
     from posttrain.config import Algorithm
+    from tests.files import noised_model_copy
 
-    teacher = tmp_path / "teacher"
-    shutil.copytree(tiny["model_dir"], teacher)
-    weights = load_file(teacher / "model.safetensors")
-    g = torch.Generator().manual_seed(0)
     # far from the student (a from-scratch model's near-uniform distributions are all alike): a clearly positive KL
-    save_file({k: v + 1.0 * torch.randn(v.shape, generator=g) * v.float().std() for k, v in weights.items()},
-              teacher / "model.safetensors", metadata={"format": "pt"})
+    teacher = noised_model_copy(tiny["model_dir"], tmp_path / "teacher", 1.0)
     cfg = replace(RL, algorithm=Algorithm.ON_POLICY_DISTILL, teacher=str(teacher), steps=2)
     res = _run(tmp_path, tiny, rl=cfg)
     assert [m.policy_version for m in res.history] == [1, 2]
