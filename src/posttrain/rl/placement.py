@@ -179,39 +179,37 @@ def _plan_on_pods(cfg: PlacementConfig, counts: dict[str, int], groups_of: dict[
     for r in counts:
         by_group.setdefault(groups_of[r], []).append(r)
     all_groups = sorted({g for n in nodes for g in n.resources if g in set(groups_of.values())})
-    groups, roles, bundles_all = [], {}, []
+    share: dict[str, float] = {}  # role -> its group's per-actor CPU share
+    slots: list[tuple[str, list[list[str]]]] = []  # (group, the roles in each of its bundles)
     for g, members_g in by_group.items():
         pods = [n for n in nodes if n.resources.get(g, 0) >= GROUP_RESOURCE_SLIVER]
         if not pods:
             raise NoPodsError(f"placement: role(s) {members_g} run on the `{g}` worker group, but no node of this "
-                                 f"Ray cluster advertises the `{g}` resource (groups present: {all_groups}; nodes: "
-                                 f"{[n.name for n in nodes]}) - the RayJob's `{g}` group is missing or has no pods")
+                              f"Ray cluster advertises the `{g}` resource (groups present: {all_groups}; nodes: "
+                              f"{[n.name for n in nodes]}) - the RayJob's `{g}` group is missing or has no pods")
         if cfg.mode == PlacementMode.COLOCATED:
-            slots = max(counts[r] for r in members_g)
-            sizes = [[r for r in members_g if counts[r] > j] for j in range(slots)]
+            bundles = [[r for r in members_g if counts[r] > j] for j in range(max(counts[r] for r in members_g))]
         else:
-            sizes = [[r] for r in members_g for _ in range(counts[r])]
-        cpu = _largest_fitting_share([len(m) for m in sizes], pods, gpu, g)
-        for r in members_g:
-            roles[r] = cpu  # per-actor share of this group
-        groups.append((g, sizes, cpu))
+            bundles = [[r] for r in members_g for _ in range(counts[r])]
+        cpu = _largest_fitting_share([len(m) for m in bundles], pods, gpu, g)
+        share.update(dict.fromkeys(members_g, cpu))
+        slots.append((g, bundles))
     if cfg.mode == PlacementMode.COLOCATED:
-        offset, placed = 0, {}
-        for g, sizes, cpu in groups:
-            for j, m in enumerate(sizes):
-                bundles_all.append(_pod_bundle(len(m), cpu, gpu, g))
+        specs, placed = [], {}
+        for g, bundles in slots:
+            for m in bundles:
                 for r in m:
-                    placed.setdefault(r, []).append(offset + j)
-            offset += len(sizes)
-        return PlacementPlan(mode=cfg.mode, groups=[PlacementGroupSpec(name="colocated", bundles=bundles_all)],
+                    placed.setdefault(r, []).append(len(specs))
+                specs.append(_pod_bundle(len(m), share[m[0]], gpu, g))
+        return PlacementPlan(mode=cfg.mode, groups=[PlacementGroupSpec(name="colocated", bundles=specs)],
                              roles={r: RolePlacement(role=r, group="colocated", bundle_indices=placed[r],
-                                                     num_cpus=roles[r], num_gpus=gpu) for r in counts})
+                                                     num_cpus=share[r], num_gpus=gpu) for r in counts})
     return PlacementPlan(
         mode=cfg.mode,
-        groups=[PlacementGroupSpec(name=r, bundles=[_pod_bundle(1, roles[r], gpu, groups_of[r])] * counts[r])
-                for r in counts],
-        roles={r: RolePlacement(role=r, group=r, bundle_indices=list(range(counts[r])), num_cpus=roles[r],
-                                num_gpus=gpu) for r in counts})
+        groups=[PlacementGroupSpec(name=r, bundles=[_pod_bundle(1, share[r], gpu, groups_of[r]) for _ in range(n)])
+                for r, n in counts.items()],
+        roles={r: RolePlacement(role=r, group=r, bundle_indices=list(range(n)), num_cpus=share[r], num_gpus=gpu)
+               for r, n in counts.items()})
 
 
 def _pod_bundle(actors: int, cpu: float, gpu: float, group: str) -> dict[str, float]:
