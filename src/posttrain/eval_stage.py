@@ -9,6 +9,7 @@ from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.config import EvalConfig, RewardConfig, TrackingConfig, to_dict
+from posttrain.model_folders import model_folder
 from posttrain.stage_support import finished_on_error, source_digest
 from posttrain.wandb_run import WandbRun
 
@@ -38,7 +39,7 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
                           source_digest("eval", "models", "rewards.py", "data/verifiers.py", "data/examples.py"))
     ref = store.cache_get(key)
     if ref is None:
-        report = run_eval(store.get(model), store.get(dataset), cfg, reward)
+        report = run_eval(model_folder(store, model), store.get(dataset), cfg, reward)
         with tempfile.TemporaryDirectory(prefix="posttrain-eval-") as tmp:
             report.write(Path(tmp))
             metrics = {"greedy_accuracy": report.greedy_accuracy, "num_problems": report.num_problems,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.config import PairsConfig, RewardConfig, to_dict
+from posttrain.model_folders import model_folder
 from posttrain.stage_support import source_digest
 
 
@@ -27,7 +28,7 @@ def pairs(cfg: PairsConfig, reward: RewardConfig, *, model: ArtifactRef, dataset
         print(f"pairs: cache hit -> dataset {hit.short}")
         return hit
     with tempfile.TemporaryDirectory(prefix="posttrain-pairs-") as tmp:
-        info = make_pairs(store.get(model), store.get(dataset), cfg, reward, Path(tmp) / "pairs")
+        info = make_pairs(model_folder(store, model), store.get(dataset), cfg, reward, Path(tmp) / "pairs")
         ref = store.put("dataset", f"pairs-{dataset.name}", Path(tmp) / "pairs", run_id=run_id,
                         parents=[model.id, dataset.id], config={"pairs": to_dict(cfg), "reward": to_dict(reward)},
                         metrics={"num_train": info.num_train, "num_eval": info.num_eval,
@@ -50,7 +51,7 @@ def evaluate_reward_model(*, reward_model: ArtifactRef, pairs: ArtifactRef, run_
                           source_digest("eval/pairwise.py", "models", "data/examples.py"))
     ref = store.cache_get(key)
     if ref is None:
-        result = evaluate_pairs(store.get(reward_model), store.get(pairs), num_pairs=num_pairs)
+        result = evaluate_pairs(model_folder(store, reward_model), store.get(pairs), num_pairs=num_pairs)
         with tempfile.TemporaryDirectory(prefix="posttrain-eval-pairs-") as tmp:
             (Path(tmp) / "pairwise.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
             metrics = {"pairwise_accuracy": result["pairwise_accuracy"], "num_pairs": result["num_pairs"],

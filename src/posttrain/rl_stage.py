@@ -8,6 +8,7 @@ from dataclasses import replace
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.artifacts.state import StateDir
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig, TrackingConfig, to_dict
+from posttrain.model_folders import model_folder
 from posttrain.stage_support import check_budget, drop_state, source_digest, without_keep_state
 from posttrain.wandb_run import WandbRun
 
@@ -48,7 +49,7 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     if hit is not None:
         print(f"rl: cache hit -> model {hit.short}")
         return hit
-    start_dir, ds_dir = store.get(start_model), store.get(dataset)
+    start_dir, ds_dir = model_folder(store, start_model), store.get(dataset)
     # Before any generation: the train prompts plus rl.max_new_tokens must fit the model's context budget.
     check_budget(ds_dir, start_dir, max_seq_len=max_seq_len, max_new_tokens=rl_cfg.max_new_tokens, sft=False,
                   setting="rl.max_new_tokens")

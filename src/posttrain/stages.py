@@ -32,6 +32,7 @@ from posttrain.config import (
     to_dict,
 )
 from posttrain.eval_stage import EvalOutputs, evaluate  # noqa: F401 - the evaluation stage
+from posttrain.model_folders import model_folder
 from posttrain.model_refs import model_ref, start_model
 from posttrain.rl_stage import rl  # noqa: F401 - the RL stage
 from posttrain.stage_support import (
@@ -97,6 +98,8 @@ def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, data
     # The start model counts by its content id, not by where the user's folder lies; so do the frozen model and
     # the start model for the settings that name them (dpo.reference, distill.teacher).
     model_part = {**to_dict(model), "base_path": "", "artifact": ""}
+    if model.lora is None or start is None:  # LoRA only adapts a start model; unset, the key is as it always was
+        model_part.pop("lora")
     objective = objective_of(sft)
     cfg = without_keep_state(sft)
     for named in ("reference", "teacher"):
@@ -168,8 +171,8 @@ def _train_fresh(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *
 
     objective = objective_of(cfg)
     stage, rank = objective.value, int(os.environ.get("RANK", "0"))
-    ds_dir, base_dir = store.get(dataset), store.get(start) if start else None
-    frozen_dir = store.get(frozen) if frozen else None
+    ds_dir, base_dir = store.get(dataset), model_folder(store, start) if start else None
+    frozen_dir = model_folder(store, frozen) if frozen else None
     tok_dir = frozen_dir if objective == Objective.DISTILL else (store.get(tokenizer) if tokenizer else None)
     if frozen is not None and base_dir is not None:  # one vocabulary, or the token-level math is meaningless
         check_same_tokenizer(base_dir, frozen_dir, names=(f"the start model {start.short}",
@@ -196,12 +199,18 @@ def _train_fresh(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *
         if rank != 0:
             return None
         kind = "reward_model" if objective == Objective.REWARD_MODEL else "model"
+        from posttrain.models.lora import is_adapter_dir, set_adapter_base
+
+        adapter = is_adapter_dir(out_dir)  # trained with model.lora: the adapter, on top of the start model
+        if adapter:
+            set_adapter_base(out_dir, f"posttrain:{start.id}")
         parents = ([dataset.id] + ([tokenizer.id] if tokenizer else []) + ([start.id] if start else [])
                    + ([frozen.id] if frozen and frozen != start else []))
         ref = store.put(kind, f"{stage}-{dataset.name}", out_dir, run_id=run_id, parents=parents,
                         config={"model": to_dict(model), stage: to_dict(cfg)}, metrics=metrics,
                         extra={"start_model": start.id if start else None, "stage": stage, "history": history,
-                               **({"frozen_model": frozen.id} if frozen else {})},
+                               **({"frozen_model": frozen.id} if frozen else {}),
+                               **({"adapter_of": start.id} if adapter else {})},
                         world_size=int(os.environ.get("WORLD_SIZE", "1")))
         if wandb_run is not None:
             wandb_run.finish(outputs={kind: ref.id})

@@ -10,10 +10,11 @@ from pathlib import Path
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from posttrain.config import ModelConfig, Parallelism, SFTConfig
+from posttrain.config import LoraConfig, ModelConfig, Parallelism, SFTConfig
 from posttrain.data.chat import tokenize_for_training
 from posttrain.data.examples import read_examples
 from posttrain.models.io import load_tokenizer
+from posttrain.models.lora import add_adapters
 from posttrain.models.tiny import build_model
 from posttrain.sft.batching import collate
 from posttrain.sft.dist import init_distributed
@@ -25,13 +26,17 @@ def main() -> None:
     out, data, tok_dir, mode = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     micro, global_bs, steps = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
     parallel = Parallelism(sys.argv[8]) if len(sys.argv) > 8 else Parallelism.DDP
+    lora = len(sys.argv) > 9 and sys.argv[9] == "lora"  # LoRA adapters (rank 4) on the model; only they train
     info = init_distributed()
     tok = load_tokenizer(tok_dir)
     mcfg = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64, max_seq_len=32)
     cfg = SFTConfig(steps=steps, global_batch_size=global_bs, micro_batch_size=micro, nproc=info.world_size, lr=1e-2,
                     warmup_steps=0, parallelism=parallel, packing=(mode == "packed"))
     enc = [(tokenize_for_training(tok, e["messages"], 32),) for e in read_examples(data, "train")]
-    model = wrap(build_model(mcfg, tok), cfg, info)
+    model = build_model(mcfg, tok)
+    if lora:
+        model = add_adapters(model, LoraConfig(rank=4, alpha=8.0), seed=0)
+    model = wrap(model, cfg, info)
     opt = make_optimizer(model, cfg)
     seen, losses = [], []
     for step in range(steps):

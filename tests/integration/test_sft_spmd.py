@@ -40,10 +40,10 @@ def torchrun(nproc: int, *args, timeout=240, env=None) -> subprocess.CompletedPr
     return p
 
 
-def run_driver(tmp, data, nproc, mode, micro, global_bs, steps, parallel="ddp"):
-    out = tmp / f"{mode}-{nproc}x{micro}-{parallel}"
+def run_driver(tmp, data, nproc, mode, micro, global_bs, steps, parallel="ddp", lora=""):
+    out = tmp / f"{mode}-{nproc}x{micro}-{parallel}{lora}"
     out.mkdir()
-    torchrun(nproc, DRIVER, out, data / "ds", data / "tok", mode, micro, global_bs, steps, parallel)
+    torchrun(nproc, DRIVER, out, data / "ds", data / "tok", mode, micro, global_bs, steps, parallel, lora)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
     return ranks, load_file(str(out / "weights.safetensors"))
 

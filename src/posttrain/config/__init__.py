@@ -42,6 +42,7 @@ from posttrain.config.pipeline import PipelineConfig, objective_of
 from posttrain.config.sections import (
     DataConfig,
     EvalConfig,
+    LoraConfig,
     ModelConfig,
     PlacementConfig,
     RewardConfig,
@@ -67,6 +68,7 @@ __all__ = [
     "DistillLoss",
     "EvalConfig",
     "KLEstimator",
+    "LoraConfig",
     "LossAgg",
     "MismatchCorrection",
     "ModelConfig",

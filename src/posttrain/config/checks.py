@@ -105,6 +105,14 @@ def _check_model(m: ModelConfig, d: DataConfig) -> None:
         _check(getattr(m, name) >= 1, f"model.{name}", "must be >= 1")
     _check(m.hidden_size % m.num_heads == 0, "model.num_heads", f"must divide model.hidden_size={m.hidden_size}")
     _check(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads", f"must divide model.num_heads={m.num_heads}")
+    if m.lora is not None:
+        _check(m.lora.rank >= 1, "model.lora.rank", "must be >= 1")
+        _check(m.lora.alpha > 0, "model.lora.alpha", "must be > 0")
+        _check(0 <= m.lora.dropout < 1, "model.lora.dropout", "must be in [0, 1)")
+        _check(bool(m.lora.target_modules), "model.lora.target_modules",
+               "must name at least one linear layer (e.g. [\"q_proj\", \"v_proj\"])")
+        _check(len(set(m.lora.target_modules)) == len(m.lora.target_modules), "model.lora.target_modules",
+               "names a layer twice")
 
 
 def _check_sft(s: SFTConfig, m: ModelConfig) -> None:

@@ -90,6 +90,23 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """LoRA adapters (peft): each targeted linear layer W gets W + B @ A * alpha / rank with A (rank x in) and
+    B (out x rank, starting at zero) trained and W frozen (posttrain.models.lora)."""
+
+    rank: int = 16
+    """Rank r of each adapter."""
+    alpha: float = 32.0
+    """Scale numerator: the update B @ A is multiplied by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input while training (0: none, and the update is deterministic)."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"])
+    """Names (last component) of the linear layers that get adapters; each must exist in the model. The default
+    covers attention and MLP of Llama-style models (SmolLM2, the tiny default)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     base_path: str = ""
     """A local HF model folder (safetensors) to start from; "" builds a tiny model from scratch (or uses
@@ -118,6 +135,11 @@ class ModelConfig:
     """Weights and compute dtype: BF16 loads the weights in bf16 on GPU; on CPU everything stays fp32."""
     init_seed: int = 0
     """Seed for from-scratch weight initialisation."""
+    lora: LoraConfig | None = None
+    """LoRA adapters for every stage that trains a model it starts from (SFT from model.base_path or
+    model.artifact, DPO, reward models, distillation, the RL policy): only adapter weights train, the stored model
+    is an adapter artifact whose parent is its base (`posttrain export ID DIR` writes it merged). None: every
+    weight trains. SFT of a from-scratch model always trains every weight (its random base has nothing to adapt)."""
 
 
 @dataclass(frozen=True, kw_only=True)

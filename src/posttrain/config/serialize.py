@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import types
 import typing
 
 from posttrain.config.errors import ConfigError
@@ -53,6 +54,12 @@ def from_dict(cls: type, data: dict, path: str = "") -> typing.Any:
 
 def _coerce(tp: typing.Any, value: typing.Any, path: str) -> typing.Any:
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):  # `X | None`: null, or an X
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        (inner,) = args
+        return _coerce(inner, value, path)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, path)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.config import RewardConfig, RLConfig
+from posttrain.model_folders import model_folder
 from posttrain.model_refs import model_ref
 from posttrain.rl.roles.registry import ROLES
 
@@ -46,7 +47,7 @@ def resolve(rl_cfg: RLConfig, reward: RewardConfig, *, run_id: str, store: Artif
             names = [f"{ms.name}[{i}]" for i in range(len(values))] if many else [ms.name] * len(values)
             got = [model_ref(v, n, run_id=run_id, store=store, kinds=ms.kinds) for v, n in zip(values, names)]
             refs.update(zip(names, got))
-            ids, folders = [r.id for r in got], [str(store.get(r)) for r in got]
+            ids, folders = [r.id for r in got], [str(model_folder(store, r)) for r in got]
             by_id[ms.section] = replace(by_id[ms.section], **{ms.field: ids if many else (ids or [""])[0]})
             by_folder[ms.section] = replace(by_folder[ms.section], **{ms.field: folders if many else (folders or [""])[0]})
     return RoleModels(rl_ids=by_id["rl"], reward_ids=by_id["reward"], rl=by_folder["rl"], reward=by_folder["reward"],

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -44,9 +45,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from posttrain.artifacts.state import StateDir, read_file, write_file
-from posttrain.config import ModelConfig, Objective, Parallelism, SFTConfig, TrackingConfig, objective_of
+from posttrain.config import LoraConfig, ModelConfig, Objective, Parallelism, SFTConfig, TrackingConfig, objective_of
 from posttrain.data.examples import read_examples
 from posttrain.models.io import enable_gradient_checkpointing, load_model, load_tokenizer, save_model
+from posttrain.models.lora import adapters_disabled, add_adapters, has_adapters, save_adapter
 from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.models.tiny import build_model
 from posttrain.sft.batching import Batch, collate_units, rank_order
@@ -87,8 +89,10 @@ def wrap(model: torch.nn.Module, cfg: SFTConfig, info: DistInfo, *, gradient_che
 
 
 def make_optimizer(model: torch.nn.Module, cfg: SFTConfig) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    """AdamW over the parameters that train (all of them, or with LoRA only the adapters and a reward head)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                               {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
 
@@ -209,12 +213,22 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     torch.manual_seed(sft_cfg.seed)
     tokenizer = load_tokenizer(base_model_dir or tokenizer_dir)
     model = build_trainee(objective.name, model_cfg, tokenizer, base_model_dir)
+    lora = lora_of(model_cfg, base_model_dir, info.rank, objective.name.value)
+    if lora is not None:
+        add_adapters(model.rm if isinstance(model, TokenScores) else model, lora, seed=sft_cfg.seed,
+                     extra_trainable=head_of(objective.name))
     frozen = None
-    if frozen_model_dir is not None:  # no gradients, no optimizer: one forward per micro-batch (objectives.py)
+    base_is_frozen = lora is not None and frozen_model_dir is not None and Path(frozen_model_dir) == Path(base_model_dir)
+    if frozen_model_dir is not None and not base_is_frozen:  # no gradients, no optimizer: one forward per micro-batch
         frozen = load_model(frozen_model_dir, device=info.device).requires_grad_(False)
     pack_length = sft_cfg.pack_length or model_cfg.max_seq_len
     encoded, dropped = encode_train_split(dataset_dir, tokenizer, min(model_cfg.max_seq_len, pack_length), objective)
     model = wrap(model, sft_cfg, info, gradient_checkpointing=model_cfg.gradient_checkpointing)
+    if base_is_frozen:  # DPO's reference is the start model: the trainee with its adapters off, not a second copy
+        frozen = BaseOf(model)
+        if info.rank == 0:
+            print(f"{objective.name.value}: reference = the start model with its LoRA adapters off (no second copy)",
+                  flush=True)
     optimizer = make_optimizer(model, sft_cfg)
     shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
     state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
@@ -238,10 +252,35 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
         if (sft_cfg.save_every and done % sft_cfg.save_every == 0) or done == sft_cfg.steps:
             save_state(state, model, optimizer, done, tracker.wandb_id, info, history)
     tracker.close()
-    save_final(model, model_cfg, tokenizer, base_model_dir, out_dir, info, objective.name)
+    save_final(model, model_cfg, tokenizer, base_model_dir, out_dir, info, objective.name, lora=lora)
     return {**{k: v for k, v in metrics.items()}, "steps": sft_cfg.steps, "world_size": info.world_size,
             "train_examples": len(encoded), "dropped_too_long": dropped,
             "wall_s": time.perf_counter() - t_start, "history": history}
+
+
+def lora_of(model_cfg: ModelConfig, base_model_dir, rank: int, stage: str) -> LoraConfig | None:
+    """model.lora when the stage starts from a model; a from-scratch model trains every weight (said once)."""
+    if model_cfg.lora is not None and base_model_dir is None and rank == 0:
+        print(f"{stage}: model.lora applies to the stages that start from a model; this {stage} builds one from "
+              f"scratch, so every weight trains", flush=True)
+    return model_cfg.lora if base_model_dir is not None else None
+
+
+def head_of(objective: Objective) -> tuple[str, ...]:
+    """The modules that train beside LoRA's adapters: a reward model's new score head."""
+    return ("score",) if objective == Objective.REWARD_MODEL else ()
+
+
+class BaseOf:
+    """The trainee with its LoRA adapters switched off, called like a model: DPO's reference when it is the start
+    model (objectives.py runs it under no_grad)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __call__(self, **kwargs):
+        with adapters_disabled(self.model):
+            return self.model(**kwargs)
 
 
 def build_trainee(objective: Objective, model_cfg: ModelConfig, tokenizer, base_model_dir):
@@ -275,11 +314,18 @@ def encode_train_split(dataset_dir, tokenizer, max_len: int, objective=None) -> 
 
 
 def save_final(model, model_cfg: ModelConfig, tokenizer, base_model_dir, out_dir, info: DistInfo,
-               objective: Objective = Objective.SFT) -> None:
+               objective: Objective = Objective.SFT, lora: LoraConfig | None = None) -> None:
     """Gather the full weights (every rank takes part) and rank 0 writes them as an HF folder: into a fresh
-    model of the config, or of the base folder's architecture (a reward model: AutoModelForSequenceClassification)."""
+    model of the config, or of the base folder's architecture (a reward model: AutoModelForSequenceClassification).
+    With LoRA, rank 0 writes the adapter folder (peft's layout) and the tokenizer instead; the stage names the
+    base model as its parent."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if info.rank == 0:
+    if info.rank == 0 and lora is not None:
+        if objective == Objective.REWARD_MODEL:
+            full = {k.removeprefix("rm."): v for k, v in full.items()}
+        save_adapter(full, lora, out_dir, base=str(base_model_dir), extra_trainable=head_of(objective))
+        tokenizer.save_pretrained(out_dir)
+    elif info.rank == 0:
         final = build_trainee(objective, model_cfg, tokenizer, base_model_dir)
         if isinstance(final, TokenScores):
             final = final.rm
@@ -291,6 +337,16 @@ def save_final(model, model_cfg: ModelConfig, tokenizer, base_model_dir, out_dir
     dist.barrier()
 
 
+def _trained_state(model, optimizer) -> tuple[dict, dict]:
+    """(model, optimizer) state dicts to save or load. With LoRA the frozen base is not state: only the tensors
+    that train (and their optimizer moments) - not even a tied output head, which is the frozen embedding."""
+    msd, osd = get_state_dict(model, optimizer)
+    if has_adapters(model):
+        trained = {n.removeprefix("module.") for n, p in model.named_parameters() if p.requires_grad}
+        msd = {k: v for k, v in msd.items() if k in trained}
+    return msd, osd
+
+
 def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | None, info: DistInfo,
                history: list[dict]) -> None:
     """Every rank writes its part into step-N (torch.distributed.checkpoint: a path, or fsspec for a URL), then
@@ -300,7 +356,7 @@ def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | Non
     if info.rank == 0:
         state.remove(name)
     dist.barrier()
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = _trained_state(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=state.url(name))
     write_file(state.url(name, f"rng-rank{info.rank}.pt"), lambda p: torch.save({"cpu_rng": torch.get_rng_state()}, p))
     dist.barrier()
@@ -326,10 +382,11 @@ def load_state(state: StateDir, model, optimizer, stage: str = "sft") -> tuple[i
     if meta["world_size"] != dist.get_world_size():
         raise ValueError(f"saved SFT state {state.url(last)} was written by {meta['world_size']} ranks, not "
                          f"{dist.get_world_size()}")
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = _trained_state(model, optimizer)
     sd = {"model": msd, "optim": osd}
     dcp.load(sd, checkpoint_id=state.url(last))
-    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
+                   options=StateDictOptions(strict=not has_adapters(model)))
     rng = f"{last}/rng-rank{dist.get_rank()}.pt"
     if state.exists(rng):
         torch.set_rng_state(read_file(state.url(rng), lambda p: torch.load(p, weights_only=True))["cpu_rng"])
