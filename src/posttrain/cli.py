@@ -7,6 +7,7 @@
     posttrain [--home ROOT] lineage ID [--json]
     posttrain [--home ROOT] verify ID
     posttrain [--home ROOT] index rebuild
+    posttrain [--home ROOT] export ID DIR
     posttrain [--home ROOT] channels [--json]
     posttrain [--home ROOT] promote MODEL CHANNEL [--pin DATASET [--guard DATASET]...] [--recipe R]
                                    [--overrides JSON] [--min-accuracy X] [--tolerance T] [--json]
@@ -18,6 +19,10 @@ and the same stage caches. `--model` is a shorthand: a folder sets `model.base_p
 model brings its own tokenizer). Greedy accuracy always; sampled accuracy and pass@k only with `eval.k` > 0.
 It prints the eval line and the `eval` artifact id (`--json`: one JSON object on stdout, progress on stderr).
 What it leaves out: training, and placing the work on a cluster (use the workflows for that).
+
+`export` writes a model (or reward model) artifact as a plain HF folder at DIR (which must not exist or be empty):
+the artifact's own files, or for an adapter artifact (trained with `model.lora`) its base with the adapter merged
+in - a folder transformers 5.x and 4.57 load unchanged, with no peft needed.
 
 `channels` prints each channel's holder and its decision history, newest first. `promote` runs the same gate
 as the retrain workflow (`posttrain.gating.judge`: MODEL and the channel's current model evaluated on the
@@ -147,7 +152,37 @@ def run_promote(args: argparse.Namespace, store: ArtifactStore) -> int:
     return 0 if d.promoted else REFUSED_STATUS
 
 
-COMMANDS = {"eval": run_eval, "channels": run_channels, "promote": run_promote}
+def run_export(args: argparse.Namespace, store: ArtifactStore) -> int:
+    """`posttrain export ID DIR`: the model as a full HF folder (merged when it is an adapter)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from posttrain.model_folders import model_folder
+
+    ref = store.ref(args.id)
+    if ref.kind not in ("model", "reward_model"):
+        raise ConfigError(f"export: {args.id!r} is a {ref.kind} artifact ({ref.short} {ref.name}), not a model")
+    out = Path(args.dir).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"export: {out} exists and is not an empty folder; name a new one")
+    src = model_folder(store, ref)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:  # complete or absent: copied beside DIR, then renamed into place
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    merged = src != store.get(ref)
+    print(f"exported {ref.kind} {ref.short} ({ref.name}) to {out}"
+          + (f" (LoRA adapter merged into base {store.manifest(ref).extra['adapter_of'][:12]})" if merged else ""))
+    return 0
+
+
+COMMANDS = {"eval": run_eval, "export": run_export, "channels": run_channels, "promote": run_promote}
 """The commands this module runs itself; the store's (artifacts/cli.py) run through `run_command`."""
 
 
@@ -159,6 +194,9 @@ def add_own_commands(sub) -> None:
     ev.add_argument("--model", help="a local HF model folder, or a model artifact id (or unique prefix)")
     ev.add_argument("--run-id", default="", help="run id recorded in the eval manifest (default: a new one)")
     ev.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
+    ex = sub.add_parser("export", help="write a model artifact as a plain HF folder (an adapter merged into its base)")
+    ex.add_argument("id", help="model artifact id or unique prefix")
+    ex.add_argument("dir", help="a new (or empty) folder to write the model into")
     ch = sub.add_parser("channels", help="each channel's current model and its promotion decisions")
     ch.add_argument("--json", action="store_true")
     pr = sub.add_parser(
@@ -183,7 +221,7 @@ def add_own_commands(sub) -> None:
                     help="how far below the holder's accuracy the candidate may be on any set (default 0)")
     pr.add_argument("--run-id", default="", help="run id recorded in the evaluations and the decision")
     pr.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
-    for p in (ev, ch, pr):
+    for p in (ev, ex, ch, pr):
         add_debug_flag(p, top=False)
 
 

@@ -128,3 +128,49 @@ def test_saved_reward_model_loads_unchanged_in_transformers_457(folders, transfo
         per_position = TokenScores(rm.eval())(batch.input_ids, batch.position_ids, batch.attention_mask)
     trained = per_position.reshape(-1)[batch.pool_index].tolist()  # packed rows, read where the trainer reads
     assert trained == pytest.approx(new["scores"], abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_exported_lora_model_generates_as_its_adapted_policy_in_both_versions(folders, transformers_457, tmp_path):
+    """`posttrain export` of an adapter artifact (LoRA trained on the llama folder, stored with its base as parent)
+    writes a plain HF folder: 5.x and 4.57 load it with no peft and generate the greedy tokens the adapted model
+    generates, with logits within 1e-4."""
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.cli import main
+    from posttrain.config import LoraConfig, SFTConfig
+    from posttrain.models.io import load_model, load_tokenizer
+    from posttrain.models.lora import add_adapters, save_adapter
+    from posttrain.sft.trainer import make_optimizer
+
+    lora = LoraConfig(rank=4, alpha=16.0)
+    model = add_adapters(load_model(folders["llama"]).train(), lora, seed=0)
+    opt = make_optimizer(model, SFTConfig(lr=3e-2))
+    ids = torch.randint(0, 250, (4, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(5):
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    store = ArtifactStore(tmp_path / "store")
+    base = store.put("model", "base", folders["llama"], run_id="r", parents=[], config={})
+    save_adapter(model.state_dict(), lora, tmp_path / "adapter", base=f"posttrain:{base.id}")
+    load_tokenizer(folders["llama"]).save_pretrained(tmp_path / "adapter")
+    ref = store.put("model", "sft-lora", tmp_path / "adapter", run_id="r", parents=[base.id], config={},
+                    extra={"adapter_of": base.id})
+    assert main(["--home", str(tmp_path / "store"), "export", ref.id[:12], str(tmp_path / "out")]) == 0
+    assert not (tmp_path / "out" / "adapter_config.json").exists() and (tmp_path / "out" / "config.json").exists()
+    assert main(["--home", str(tmp_path / "store"), "export", ref.id[:12], str(tmp_path / "out")]) == 1  # not over
+    new = _run_check(tmp_path / "out", None)
+    old = _run_check(tmp_path / "out", str(transformers_457))
+    assert old["version"] == "4.57.6" and new["version"].startswith("5.")
+    prompt = torch.tensor([new["ids"]])
+    with torch.no_grad():
+        want_logits = model(prompt).logits[0]
+        want = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False)
+    want = want[0, prompt.shape[1]:].tolist()
+    base_out = _run_check(folders["llama"], None)
+    assert base_out["generated"] != want or base_out["logits"] != new["logits"]  # the adapter changed the model
+    for got in (new, old):
+        assert got["generated"] == want
+        assert float((torch.tensor(got["logits"]) - want_logits).abs().max()) < 1e-4
