@@ -44,6 +44,7 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     key = store.cache_key("rl", without_keep_state(models.rl_ids), to_dict(models.reward_ids), to_dict(placement),
                           max_seq_len,
                           (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
+                          *([to_dict(model_cfg.lora)] if model_cfg and model_cfg.lora else []),
                           start_model.id, dataset.id, source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
     hit = store.cache_get(key)
     if hit is not None:

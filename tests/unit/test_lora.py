@@ -116,6 +116,11 @@ def test_a_target_module_the_model_lacks_is_refused_naming_the_layers(base_dir):
         add_adapters(load_model(base_dir), LoraConfig(target_modules=["q_proj", "c_attn"]), seed=0)
 
 
+def test_a_tied_output_head_is_refused_as_a_target(base_dir):
+    with pytest.raises(ValueError, match="'lm_head' is this model's input embedding too"):
+        add_adapters(load_model(base_dir), LoraConfig(target_modules=["q_proj", "lm_head"]), seed=0)
+
+
 def test_merge_refuses_a_lora_tensor_it_cannot_place():
     sd = {"a.base_layer.weight": torch.zeros(2, 2), "a.lora_A.default.weight": torch.zeros(1, 2),
           "a.lora_B.default.weight": torch.zeros(2, 1), "b.lora_A.default.weight": torch.zeros(1, 2)}

@@ -55,6 +55,10 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig, *, seed: int,
         linear = sorted({n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"model.lora.target_modules: {missing} name no linear layer of this "
                          f"{type(model).__name__}; its linear layers: {linear}")
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if tied and "lm_head" in cfg.target_modules:
+        raise ValueError("model.lora.target_modules: 'lm_head' is this model's input embedding too "
+                         "(tie_word_embeddings), so an adapter on it cannot be merged into a plain model; leave it out")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         inject_adapter_in_model(peft_config(cfg), model, adapter_name=NAME)  # the head stays a plain module

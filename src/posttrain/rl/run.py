@@ -113,14 +113,18 @@ class ControllerActor:
                             stage=f"{role}.start", timeout_s=t) for role, hs in handles.items()}
         ctx = registry.GroupContext(settings=spec.settings(), ids=ids, timeout_s=t, weights_folder=spec.weights_folder)
         groups = {role: registry.build_group(registry.ROLES[role], hs, ids[role], ctx) for role, hs in handles.items()}
+        groups.update(registry.served_by_policy(ctx.settings, groups))
         examples = read_examples(spec.dataset_dir, "train")
         sampler = PromptSampler(examples, load_tokenizer(spec.start_model_dir), prompts_per_step=cfg.prompts_per_step,
                                 seed=cfg.seed, max_prompt_len=spec.max_seq_len - cfg.max_new_tokens)
-        config = {"rl": to_dict(cfg), "reward": to_dict(spec.reward_cfg), "placement": to_dict(spec.placement_cfg), "max_seq_len": spec.max_seq_len}
+        lora = spec.model_cfg.lora if spec.model_cfg is not None else None  # the checkpoints are adapters
+        config = {"rl": to_dict(cfg), "reward": to_dict(spec.reward_cfg), "placement": to_dict(spec.placement_cfg),
+                  "max_seq_len": spec.max_seq_len, **({"lora": to_dict(lora)} if lora else {})}
         self.checkpointer = Checkpointer(
             state_dir=spec.state_dir, store_root=spec.store_root, run_id=spec.run_id, parents=spec.parents,
             config=config, extra={"reward": reward_identity(spec.reward_cfg, [e.get("task") for e in examples]),
-                                  "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value})
+                                  "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value,
+                                  **({"adapter_of": spec.start_model_id} if lora else {})})
         latest = self.checkpointer.latest()
         tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", total=cfg.steps,
                             start=latest.step if latest else 0, wandb_run=spec.wandb_run,

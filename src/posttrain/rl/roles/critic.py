@@ -28,6 +28,7 @@ import torch
 
 from posttrain.config import DType, ModelConfig, RLConfig
 from posttrain.models.io import enable_gradient_checkpointing, load_tokenizer, local_device
+from posttrain.models.lora import add_adapters
 from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.rl.algorithms import ppo
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
@@ -119,6 +120,8 @@ class CriticWorker(SPMDWorker):
         self.tok = load_tokenizer(init_dir)
         torch.manual_seed(cfg.seed)  # the fresh head: the same on every rank and after a restart
         rm = build_reward_model(init_dir, self.tok)
+        if self.model_cfg.lora is not None:  # adapters and the value head train; the body stays frozen
+            add_adapters(rm, self.model_cfg.lora, seed=cfg.seed, extra_trainable=("score",))
         if self.model_cfg.gradient_checkpointing:
             enable_gradient_checkpointing(rm)
         self.model = TokenScores(rm).to(self.device).train()  # fp32 master weights

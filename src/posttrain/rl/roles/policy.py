@@ -69,6 +69,7 @@ from posttrain.models.io import (
     local_device,
     save_model,
 )
+from posttrain.models.lora import adapters_disabled, add_adapters, merge_state_dict, save_adapter
 from posttrain.rl import weight_transfer
 from posttrain.rl.algorithms import grpo, mismatch, pg
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
@@ -98,6 +99,9 @@ class PolicyWorker(SPMDWorker):
         torch.manual_seed(cfg.seed)
         self.device = local_device()
         self.model = load_model(model_dir, device=self.device).train()  # fp32 master weights
+        self.lora = self.model_cfg.lora
+        if self.lora is not None:  # only the adapters train; the base with them off is the KL reference
+            add_adapters(self.model, self.lora, seed=cfg.seed)
         if self.model_cfg.gradient_checkpointing:
             enable_gradient_checkpointing(self.model)
         self.bf16 = self.device.type == "cuda" and self.model_cfg.dtype == DType.BF16
@@ -125,6 +129,12 @@ class PolicyWorker(SPMDWorker):
                                    pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         self.model.train()
         return [x.tolist() for x in lp], time.perf_counter() - t0
+
+    def base_log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
+        """The reference's log-probs with LoRA: this rank's model with its adapters off - the start model, with
+        no second copy of its weights (rl.kl_coef > 0; `PolicyBaseReference` fans the calls out)."""
+        with adapters_disabled(self.model), torch.no_grad():
+            return self.log_probs(prompt_ids, response_ids, temperature)
 
     def update(self, shard: TrainBatch | list[TrainBatch], global_tokens: int | list[int],
                global_seqs: int | list[int], n_micro: int | list[int], drift_threshold: float = math.inf
@@ -271,18 +281,24 @@ class PolicyWorker(SPMDWorker):
         for g in self.opt.param_groups:
             g["lr"] = g.setdefault("base_lr", g["lr"]) * scale
 
+    def _rollout_weights(self) -> dict[str, torch.Tensor]:
+        """What rollout workers get, under the base architecture's names: the weights, or with LoRA the base with
+        the adapters merged in (W + B @ A * alpha / rank; the rollout model has no adapters)."""
+        sd = self.model.state_dict()
+        return merge_state_dict(sd, self.lora) if self.lora is not None else sd
+
     def checksum(self) -> str:
         """Checksum of exactly what `state_dict()` hands to rollout workers (in `sync_dtype`)."""
-        return weights_checksum({k: v.detach().to(self.sync_dtype) for k, v in self.model.state_dict().items()})
+        return weights_checksum({k: v.detach().to(self.sync_dtype) for k, v in self._rollout_weights().items()})
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights for rollout workers: CPU copies in `sync_dtype` (Ray ships CPU tensors)."""
-        return {k: v.detach().to("cpu", self.sync_dtype, copy=True) for k, v in self.model.state_dict().items()}
+        return {k: v.detach().to("cpu", self.sync_dtype, copy=True) for k, v in self._rollout_weights().items()}
 
     def choose_shared_folder(self, preferred: str) -> tuple[str | None, str]:
         """Where this node has room for the weight file (`weight_transfer.choose_folder`): (folder or None for
         the object store, why)."""
-        named = self.model.state_dict()
+        named = self._rollout_weights()
         folder, why = weight_transfer.choose_folder(preferred, weight_transfer.file_bytes(named, self.sync_dtype))
         self._shared_folders = [preferred] + ([str(folder)] if folder else [])
         return (str(folder) if folder else None), why
@@ -295,7 +311,7 @@ class PolicyWorker(SPMDWorker):
     def publish(self, folder: str) -> weight_transfer.SharedWeights:
         """Write the weights for rollout workers on this node into shared memory (`weight_transfer`), in
         `sync_dtype`, streamed tensor by tensor: no second full copy in this process."""
-        return weight_transfer.write(self.model.state_dict(), folder, version=self.version, node=self.id.node,
+        return weight_transfer.write(self._rollout_weights(), folder, version=self.version, node=self.id.node,
                                      dtype=self.sync_dtype)
 
     def save_model(self, put: ModelPut) -> str | None:
@@ -303,7 +319,11 @@ class PolicyWorker(SPMDWorker):
         if self.rank != 0:
             return None
         with tempfile.TemporaryDirectory(prefix="posttrain-rl-checkpoint-") as tmp:
-            save_model(self.model, self.tok, tmp)
+            if self.lora is not None:  # an adapter artifact: its base (put.extra's adapter_of) is the start model
+                save_adapter(self.model.state_dict(), self.lora, tmp, base=f"posttrain:{put.extra['adapter_of']}")
+                self.tok.save_pretrained(tmp)
+            else:
+                save_model(self.model, self.tok, tmp)
             (Path(tmp) / "posttrain_rl.json").write_text(json.dumps(put.provenance, sort_keys=True) + "\n")
             ref = ArtifactStore(put.store_root).put("model", put.name, tmp, run_id=put.run_id, parents=put.parents,
                                                     config=put.config, metrics=put.metrics, extra=put.extra)

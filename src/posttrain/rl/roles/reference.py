@@ -47,6 +47,8 @@ class ReferenceWorker:
 
 class ReferenceGroup:
     role = "reference"
+    method = "log_probs"
+    """The workers' method that answers (PolicyBaseReference: the policy workers' `base_log_probs`)."""
 
     def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float):
         self.workers, self.ids, self.timeout_s = workers, ids, timeout_s
@@ -58,8 +60,19 @@ class ReferenceGroup:
         t = trajectories
         lengths = [len(p) + len(r) for p, r in zip(t.prompt_ids, t.response_ids)]
         sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
-        refs = [w.log_probs.remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx], temperature)
+        refs = [getattr(w, self.method).remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx],
+                                               temperature)
                 for w, idx in zip(self.workers, sh.indices)]
         results = gather(refs, self.ids, stage=f"{self.role}.log_probs", timeout_s=self.timeout_s)
         return LogProbs(policy_version=t.policy_version, values=dispatch.merge(sh, [r[0] for r in results]),
                            compute_s=max(r[1] for r in results))
+
+
+class PolicyBaseReference(ReferenceGroup):
+    """The reference with `model.lora`: the policy workers' own model with its adapters off (`base_log_probs`) -
+    the start model, in the policy's processes, never loaded a second time; no reference workers start."""
+
+    method = "base_log_probs"
+
+    def __init__(self, policy):
+        super().__init__(policy.workers, policy.ids, policy.timeout_s)

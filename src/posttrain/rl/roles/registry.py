@@ -126,6 +126,10 @@ def _policy_shared_folder(ctx: GroupContext) -> dict:
             "mini_batches": rl.mini_batches, "seed": rl.seed}
 
 
+def _lora(s: RunSettings) -> bool:
+    return s.model is not None and s.model.lora is not None
+
+
 ROLES: dict[str, RoleSpec] = {
     "rollout": RoleSpec(
         name="rollout", worker="posttrain.rl.roles.rollout:RolloutWorker",
@@ -158,7 +162,7 @@ ROLES: dict[str, RoleSpec] = {
         group="posttrain.rl.roles.reference:ReferenceGroup",
         fan_out={"log_probs": FanOut.SPLIT_TOKENS},
         takes=("Trajectories",), returns=("LogProbs",), trains=False, kuberay_group="train",
-        workers=lambda s: s.placement.reference_workers, enabled=lambda s: s.rl.kl_coef > 0,
+        workers=lambda s: s.placement.reference_workers, enabled=lambda s: s.rl.kl_coef > 0 and not _lora(s),
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s))),
     "teacher": RoleSpec(
         name="teacher", worker="posttrain.rl.roles.teacher:TeacherWorker",
@@ -194,6 +198,14 @@ ROLES: dict[str, RoleSpec] = {
         reads_models=(ModelSetting("rl", "critic_init", kinds=("reward_model", "model")),)),
 }
 """Role name -> declaration, in the order roles start and phases run."""
+
+
+def served_by_policy(s: RunSettings, groups: dict[str, Any]) -> dict[str, Any]:
+    """Roles the policy workers answer themselves instead of workers of their own: with `model.lora` and
+    rl.kl_coef > 0 the reference is the policy's model with its adapters off (reference.PolicyBaseReference)."""
+    if s.rl.kl_coef > 0 and _lora(s):
+        return {"reference": load("posttrain.rl.roles.reference:PolicyBaseReference")(groups["policy"])}
+    return {}
 
 
 def active_roles(s: RunSettings) -> dict[str, RoleSpec]:
@@ -253,5 +265,6 @@ __all__ = [
     "role_counts",
     "scoring_groups",
     "scoring_roles",
+    "served_by_policy",
     "training_roles",
 ]

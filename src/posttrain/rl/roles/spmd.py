@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from posttrain.artifacts.state import read_file, write_file
+from posttrain.models.lora import has_adapters
 from posttrain.rl.remote import gather
 from posttrain.rl.types import WorkerId
 
@@ -77,8 +78,9 @@ class SPMDWorker:
         else:  # nothing to all-reduce; DDP's buckets would keep a second home for the gradients between updates
             self.net = self.model
         kw = {"lr": self.lr, "betas": (0.9, 0.99), "weight_decay": 0.0}
-        self.opt = (ZeroRedundancyOptimizer(self.model.parameters(), optimizer_class=torch.optim.AdamW, **kw)
-                    if self.world > 1 else torch.optim.AdamW(self.model.parameters(), **kw))
+        params = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters alone
+        self.opt = (ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **kw)
+                    if self.world > 1 else torch.optim.AdamW(params, **kw))
 
     def _local_optimizer(self) -> torch.optim.Optimizer:
         """The optimizer holding this rank's moments (its shard under ZeRO): what save_state/load_state keep."""
@@ -97,7 +99,7 @@ class SPMDWorker:
     def save_state(self, state_dir: str) -> None:
         """Into a local folder or an fsspec URL, one atomic file at a time (artifacts/state.py)."""
         if self.rank == 0:
-            weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self.model.state_dict().items()}
+            weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self._trained_weights().items()}
             write_file(f"{state_dir}/{self.role}.safetensors", lambda p: save_file(weights, p))
             del weights
         write_file(f"{state_dir}/optim-rank{self.rank}.pt", lambda p: torch.save(
@@ -105,8 +107,26 @@ class SPMDWorker:
         write_file(f"{state_dir}/version-rank{self.rank}.json",
                    lambda p: Path(p).write_text(json.dumps({"version": self.version})))
 
+    def _trained_weights(self) -> dict[str, torch.Tensor]:
+        """What the state holds of the model: every weight, or with LoRA only the adapters (the frozen base is
+        the start model's, which every restart loads again)."""
+        sd = self.model.state_dict()
+        if not has_adapters(self.model):
+            return sd
+        trained = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        return {k: v for k, v in sd.items() if k in trained}
+
     def load_state(self, state_dir: str) -> int:
-        self.model.load_state_dict(read_file(f"{state_dir}/{self.role}.safetensors", load_file))
+        weights = read_file(f"{state_dir}/{self.role}.safetensors", load_file)
+        if has_adapters(self.model):
+            want = set(self._trained_weights())
+            if set(weights) != want:
+                raise ValueError(f"{self.id}: saved {self.role} state {state_dir} holds {len(weights)} tensors, not "
+                                 f"this model's {len(want)} adapter tensors (was it saved with other model.lora "
+                                 f"settings?)")
+            self.model.load_state_dict(weights, strict=False)
+        else:
+            self.model.load_state_dict(weights)
         s = read_file(f"{state_dir}/optim-rank{self.rank}.pt",
                       lambda p: torch.load(p, weights_only=True, map_location="cpu"))
         self._local_optimizer().load_state_dict(s["optim"])
