@@ -148,6 +148,32 @@ def test_controller_with_real_ray_actors(ray_local, tiny_sft_model, tmp_path):
 
 
 @pytest.mark.timeout(900)
+def test_lora_policy_through_real_actors_serves_its_own_reference_and_stores_an_adapter(ray_local, tiny_sft_model,
+                                                                                       tmp_path):
+    """model.lora on Ray: two policy ranks (DDP, ZeRO-1 over the adapters) with kl_coef > 0 and no reference
+    actor - the policy ranks answer with adapters off; the rollout worker holds the merged weights (no drift);
+    each checkpoint is an adapter artifact of the start model, which evaluation opens merged."""
+    from posttrain import stages
+    from posttrain.config import EvalConfig, LoraConfig, ModelConfig
+
+    model_cfg = ModelConfig(lora=LoraConfig(rank=4, alpha=8.0))
+    store, res, model, data = _run(tmp_path, tiny_sft_model, replace(SMALL, lr=1e-3),
+                                   PlacementConfig(policy_workers=2, rollout_workers=1), model_cfg=model_cfg)
+    assert res.steps == 2 and "reference" not in res.placement["nodes"]  # no reference actor started
+    for m in res.history:
+        assert m.compute_s["reference"] > 0 and m.kl >= 0 and m.drift < 1e-5
+    assert res.history[-1].kl > 0  # the adapters moved the policy away from its base
+    manifest = store.manifest(res.model)
+    assert manifest.extra["adapter_of"] == model.id and model.id in manifest.parents
+    assert (store.get(res.model) / "adapter_model.safetensors").exists()
+    assert not (store.get(res.model) / "model.safetensors").exists()
+    e = stages.evaluate(EvalConfig(num_problems=20), RewardConfig(), model=res.model, dataset=data, run_id="t",
+                        store=store)
+    assert 0 <= e.greedy_accuracy <= 1 and (Path(store.root) / "merged" / res.model.id / "model.safetensors").exists()
+    _assert_released(ray_local)
+
+
+@pytest.mark.timeout(900)
 def test_on_policy_distillation_through_the_rl_stage_names_its_teacher(ray_local, tiny_sft_model, tmp_path):
     """stages.rl end to end: the teacher folder (a noised copy of the start model) is stored, started as its own
     actor, scores the samples, and the distilled model names it as a parent."""
