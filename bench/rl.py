@@ -5,7 +5,7 @@
     .venv/bin/python bench/rl.py --sections trl --trl-steps 10    # a short TRL comparison
     .venv/bin/python bench/rl.py --sections placement --steps 20  # (BENCH_RL_STEPS=20 works too)
 
-Sections (`--sections placement,engines,trl,ppo,cluster`; default all; each ends with the load average and versions):
+Sections (`--sections placement,engines,trl,ppo,cluster,lora`; default all; each ends with the load average and versions):
 - placement: COLOCATED vs SPLIT on the tiny_cpu model (random init: rewards are all 0, which changes no
   timing - the update still runs its full forward/backward). Per mode: mean step wall time, rollout
   generated tokens/s, orchestration-overhead share (1 - worker-timed compute / step wall time), phase
@@ -29,6 +29,9 @@ Sections (`--sections placement,engines,trl,ppo,cluster`; default all; each ends
 - cluster (bench/rl_cluster.py): the tiny_cpu recipe's RL on the cluster rehearsal - one local Ray node per pod
   of the RL task's RayJob - against local Ray, in turn (--cluster-reps pairs, --cluster-steps each): median step
   time, rehearsal / local ratio. Every pod shares this machine's cores: it measures the orchestration's cost.
+- lora (bench/rl_lora.py): small_instruct_cpu's RL on SmolLM2-135M-Instruct (`make real-model`) with full
+  fine-tuning and with `model.lora`, in turn (--lora-pairs, --lora-steps each): peak summed PSS, the policy's and
+  rollout's peaks, median step, update and rollout seconds, LoRA / full ratios.
 Run on an otherwise idle machine: Ray workers run at nice 15, so any other process takes their CPU first.
 """
 
@@ -51,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings: rl_
 
 from rl_runs import build_inputs, local_ray, run_steps
 
-SECTIONS = ("placement", "engines", "trl", "ppo", "cluster")
+SECTIONS = ("placement", "engines", "trl", "ppo", "cluster", "lora")
 
 
 def run_mode(mode, recipe, model_dir: Path, dataset_dir: Path, root: Path, steps: int) -> dict:
@@ -175,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ppo-reps", type=int, default=3, help="ppo section: GRPO/PPO pairs of runs, in turn")
     ap.add_argument("--cluster-steps", type=int, default=20, help="cluster section: RL steps per run")
     ap.add_argument("--cluster-reps", type=int, default=2, help="cluster section: local/rehearsal pairs, in turn")
+    ap.add_argument("--lora-steps", type=int, default=5, help="lora section: RL steps per run")
+    ap.add_argument("--lora-pairs", type=int, default=1, help="lora section: full/LoRA pairs, in turn")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
     if unknown := set(sections) - set(SECTIONS):
@@ -192,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             ppo_section(args.ppo_steps or None, args.ppo_reps)
         elif name == "cluster":
             cluster_section(args.cluster_steps, args.cluster_reps)
+        elif name == "lora":
+            import rl_lora
+
+            rl_lora.main(["--steps", str(args.lora_steps), "--pairs", str(args.lora_pairs)])
         print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     load1 = os.getloadavg()
     print(f"\nload average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "

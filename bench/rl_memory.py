@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe", default="small_instruct_cpu")
     ap.add_argument("--overrides", default="{}", help="JSON overrides of the recipe")
     ap.add_argument("--timeline", default="", help="write every sample (seconds, KiB per role) to this jsonl file")
+    ap.add_argument("--json", default="", help="also write the peaks, step times and settings to this file")
     args = ap.parse_args(argv)
 
     import ray
@@ -183,7 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     for role in sorted(sampler.peak_role, key=lambda r: -sampler.peak_role[r]):
         print(f"| {role} | {sampler.peak_role[role] * gib:.2f} | {sampler.peak_total_split.get(role, 0) * gib:.2f} |")
     print(f"| **total** | **{sampler.peak_total * gib:.2f}** | {sampler.procs_at_peak} processes |")
-    print(f"steps: {len(res.history)}, final policy version {res.history[-1].policy_version if res.history else 0}")
+    step_s = [m.step_s for m in res.history]
+    print(f"steps: {len(res.history)}, final policy version {res.history[-1].policy_version if res.history else 0}; "
+          f"step seconds {[round(s, 1) for s in step_s]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "recipe": cfg.name, "model": model_dir.name, "lora": bool(cfg.model.lora), "steps": len(step_s),
+            "step_s": step_s, "peak_total_gib": sampler.peak_total * gib,
+            "peak_role_gib": {r: v * gib for r, v in sampler.peak_role.items()},
+            "at_peak_gib": {r: v * gib for r, v in sampler.peak_total_split.items()},
+            "update_s": [m.compute_s.get("update", 0.0) for m in res.history],
+            "rollout_s": [m.compute_s.get("rollout", 0.0) for m in res.history], "load": list(load)}, indent=1))
     return 0
 
 

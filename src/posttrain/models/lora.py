@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -96,29 +97,55 @@ def adapters_disabled(model: torch.nn.Module):
             m.enable_adapters(True)
 
 
-def merge_state_dict(sd: dict[str, torch.Tensor], cfg: LoraConfig) -> dict[str, torch.Tensor]:
-    """A full state dict with LoRA layers -> the base architecture's state dict with every adapted weight merged:
-    `<layer>.weight` = `<layer>.base_layer.weight` + B @ A * alpha / rank (in fp32, cast back). Every LoRA tensor
-    must be consumed; a state dict without any is returned as it is."""
-    scale = cfg.alpha / cfg.rank
-    out: dict[str, torch.Tensor] = {}
-    used: set[str] = set()
-    for k, v in sd.items():
-        if not k.endswith(".base_layer.weight"):
-            continue
-        layer = k.removesuffix(".base_layer.weight")
-        a, b = sd.get(f"{layer}.lora_A.{NAME}.weight"), sd.get(f"{layer}.lora_B.{NAME}.weight")
-        if a is None or b is None:
-            raise ValueError(f"merge_state_dict: {layer} has a base layer but no lora_A/lora_B weights")
-        out[f"{layer}.weight"] = (v.float() + (b.float() @ a.float()) * scale).to(v.dtype)
-        used |= {k, f"{layer}.lora_A.{NAME}.weight", f"{layer}.lora_B.{NAME}.weight"}
-    for k, v in sd.items():
-        if k in used:
-            continue
-        if ".lora_" in k:
-            raise ValueError(f"merge_state_dict: LoRA tensor {k} belongs to no adapted linear layer")
-        out[k.replace(".base_layer.", ".")] = v  # a bias of an adapted layer goes back under the layer's name
-    return out
+class MergedView(Mapping):
+    """A LoRA model's full state dict seen as the base architecture's: `<layer>.weight` of every adapted layer is
+    `<layer>.base_layer.weight` + B @ A * alpha / rank (in fp32, cast back), computed when it is read - so
+    streaming the weights to a file or a checksum never holds a second full copy. Other tensors are the model's
+    own (`source` gives the tensor each name is read from: tied weights share it). Strict: a LoRA tensor that
+    belongs to no adapted linear layer is an error, never dropped."""
+
+    def __init__(self, sd: Mapping[str, torch.Tensor], cfg: LoraConfig):
+        self.sd, self.scale = sd, cfg.alpha / cfg.rank
+        self.names: dict[str, str] = {}  # merged name -> the state dict's name it is read from
+        used: set[str] = set()
+        for k in sd:
+            if k.endswith(".base_layer.weight"):
+                layer = k.removesuffix(".base_layer.weight")
+                pair = {f"{layer}.lora_A.{NAME}.weight", f"{layer}.lora_B.{NAME}.weight"}
+                if not pair <= set(sd):
+                    raise ValueError(f"merge_state_dict: {layer} has a base layer but no lora_A/lora_B weights")
+                used |= pair
+        for k in sd:
+            if ".lora_" in k:
+                if k not in used:
+                    raise ValueError(f"merge_state_dict: LoRA tensor {k} belongs to no adapted linear layer")
+                continue
+            self.names[k.replace(".base_layer.", ".")] = k  # a bias of an adapted layer goes back under its name
+
+    def source(self, name: str) -> torch.Tensor:
+        return self.sd[self.names[name]]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        src = self.names[name]
+        w = self.sd[src]
+        if not src.endswith(".base_layer.weight"):
+            return w
+        layer = src.removesuffix(".base_layer.weight")
+        a, b = self.sd[f"{layer}.lora_A.{NAME}.weight"], self.sd[f"{layer}.lora_B.{NAME}.weight"]
+        with torch.no_grad():
+            return (w.float() + (b.float() @ a.float()) * self.scale).to(w.dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def merge_state_dict(sd: Mapping[str, torch.Tensor], cfg: LoraConfig) -> dict[str, torch.Tensor]:
+    """A full state dict with LoRA layers -> the base architecture's state dict with every adapted weight merged
+    (`MergedView`, materialised); a state dict without LoRA tensors comes back as it is."""
+    return dict(MergedView(sd, cfg))
 
 
 def adapter_state_dict(sd: dict[str, torch.Tensor], extra_trainable: tuple[str, ...] = ()

@@ -119,10 +119,14 @@ def remove_folder(folder: str | Path) -> None:
 
 
 def _unique(named: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(tensors with distinct storage, {alias: name it shares storage with})."""
+    """(tensors with distinct storage, {alias: name it shares storage with}). A lazy mapping that computes its
+    tensors when read (lora.MergedView) names the tensor each is read from with `source(name)`: storage and
+    shape come from that, and nothing is computed here."""
     first: dict[tuple, str] = {}
     unique, aliases = {}, {}
-    for name, t in named.items():
+    source = getattr(named, "source", None)
+    for name in named:
+        t = source(name) if source is not None else named[name]
         key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
         if key in first:
             aliases[name] = first[key]
@@ -161,7 +165,8 @@ def write(named: Mapping[str, torch.Tensor], folder: str | Path, *, version: int
     with torch.no_grad(), open(tmp, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        for t in unique.values():
+        for name in unique:
+            t = named[name]  # a lazy mapping computes it now, one tensor at a time
             cpu = t.detach().to("cpu", dtype).contiguous()  # the tensor itself when already CPU + dtype
             f.write(cpu.reshape(-1).view(torch.uint8).numpy().data)
     os.replace(tmp, path)

@@ -54,6 +54,7 @@ import json
 import math
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -69,7 +70,7 @@ from posttrain.models.io import (
     local_device,
     save_model,
 )
-from posttrain.models.lora import adapters_disabled, add_adapters, merge_state_dict, save_adapter
+from posttrain.models.lora import MergedView, adapters_disabled, add_adapters, save_adapter
 from posttrain.rl import weight_transfer
 from posttrain.rl.algorithms import grpo, mismatch, pg
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
@@ -281,11 +282,12 @@ class PolicyWorker(SPMDWorker):
         for g in self.opt.param_groups:
             g["lr"] = g.setdefault("base_lr", g["lr"]) * scale
 
-    def _rollout_weights(self) -> dict[str, torch.Tensor]:
+    def _rollout_weights(self) -> Mapping[str, torch.Tensor]:
         """What rollout workers get, under the base architecture's names: the weights, or with LoRA the base with
-        the adapters merged in (W + B @ A * alpha / rank; the rollout model has no adapters)."""
+        the adapters merged in (W + B @ A * alpha / rank; the rollout model has no adapters), each merged weight
+        computed when it is read (lora.MergedView: no second full copy while it is written or hashed)."""
         sd = self.model.state_dict()
-        return merge_state_dict(sd, self.lora) if self.lora is not None else sd
+        return MergedView(sd, self.lora) if self.lora is not None else sd
 
     def checksum(self) -> str:
         """Checksum of exactly what `state_dict()` hands to rollout workers (in `sync_dtype`)."""
