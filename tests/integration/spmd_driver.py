@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from posttrain.config import LoraConfig, ModelConfig, Parallelism, SFTConfig
 from posttrain.data.chat import tokenize_for_training
@@ -19,7 +20,6 @@ from posttrain.models.tiny import build_model
 from posttrain.sft.batching import collate
 from posttrain.sft.dist import init_distributed
 from posttrain.sft.trainer import Shards, make_optimizer, train_step, wrap
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 
 def main() -> None:

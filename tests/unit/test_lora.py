@@ -12,8 +12,8 @@ import torch
 from posttrain.config import LoraConfig, ModelConfig, SFTConfig
 from posttrain.models.io import load_model, load_tokenizer, save_model
 from posttrain.models.lora import (
-    add_adapters,
     adapters_disabled,
+    add_adapters,
     merge_state_dict,
     merged_with_adapter,
     read_adapter,
@@ -26,8 +26,8 @@ LORA = LoraConfig(rank=4, alpha=8.0)
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    from posttrain.data.prepare import prepare_dataset
     from posttrain.config import DataConfig
+    from posttrain.data.prepare import prepare_dataset
     from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 
     d = tmp_path_factory.mktemp("lora")
@@ -149,3 +149,26 @@ def test_an_adapter_artifact_names_its_base_and_opens_as_the_merged_model(base_d
     orphan = store.put("model", "orphan", tmp_path / "a", run_id="r2", parents=[], config={"x": 1})
     with pytest.raises(ValueError, match="names no base model"):
         model_folder(store, orphan)
+
+
+def test_an_adapter_model_is_judged_promoted_and_held_by_a_channel(base_dir, tmp_path):
+    """Channels and promotion take an adapter artifact like any model: the gate evaluates it merged, promotes it,
+    and `channel:NAME` then names it (the setting resolves to the adapter's id)."""
+    from posttrain import promotion
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.config import EvalConfig, RewardConfig
+    from posttrain.gating import judge
+    from posttrain.model_refs import model_ref
+
+    store = ArtifactStore(tmp_path / "store")
+    base_ref = store.put("model", "base", base_dir, run_id="r", parents=[], config={})
+    ds = store.put("dataset", "ds", base_dir.parent / "ds", run_id="r", parents=[], config={})
+    trained, _ = _trained(base_dir)
+    save_adapter(trained.state_dict(), LORA, tmp_path / "a", base=f"posttrain:{base_ref.id}")
+    load_tokenizer(base_dir).save_pretrained(tmp_path / "a")
+    ref = store.put("model", "sft-lora", tmp_path / "a", run_id="r", parents=[base_ref.id], config={},
+                    extra={"adapter_of": base_ref.id})
+    d = judge(channel="prod", model=ref, pin_to=ds, eval_cfg=EvalConfig(num_problems=8, max_new_tokens=4),
+              reward=RewardConfig(), min_accuracy=0.0, tolerance=0.0, run_id="r", store=store, explicit_pin=True)
+    assert d.promoted and promotion.current("prod", store)["model_id"] == ref.id
+    assert model_ref("channel:prod", "model.artifact", run_id="r", store=store).id == ref.id

