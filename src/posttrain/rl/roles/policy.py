@@ -322,7 +322,11 @@ class PolicyWorker(SPMDWorker):
             return None
         with tempfile.TemporaryDirectory(prefix="posttrain-rl-checkpoint-") as tmp:
             if self.lora is not None:  # an adapter artifact: its base (put.extra's adapter_of) is the start model
-                save_adapter(self.model.state_dict(), self.lora, tmp, base=f"posttrain:{put.extra['adapter_of']}")
+                base = put.extra.get("adapter_of")
+                if not base or base not in put.parents:
+                    raise ValueError(f"{self.id}: a LoRA checkpoint needs its base model's id in extra.adapter_of "
+                                     f"and among its parents (got {base!r})")
+                save_adapter(self.model.state_dict(), self.lora, tmp, base=f"posttrain:{base}")
                 self.tok.save_pretrained(tmp)
             else:
                 save_model(self.model, self.tok, tmp)
