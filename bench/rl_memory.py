@@ -129,33 +129,18 @@ class Sampler(threading.Thread):
             self.stop.wait(self.period_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--recipe", default="small_instruct_cpu")
-    ap.add_argument("--overrides", default="{}", help="JSON overrides of the recipe")
-    ap.add_argument("--timeline", default="", help="write every sample (seconds, KiB per role) to this jsonl file")
-    ap.add_argument("--json", default="", help="also write the peaks, step times and settings to this file")
-    args = ap.parse_args(argv)
-
+def measure(cfg, sampler: Sampler):
+    """Run RL with `cfg` on a local Ray started here, sampling memory meanwhile: (its result, wall seconds, the
+    model folder)."""
     import ray
 
     from posttrain.artifacts import ArtifactStore
     from posttrain.config import TrackingConfig
     from posttrain.data.prepare import prepare_dataset
-    from posttrain.models.smollm2 import build
-    from posttrain.recipes import resolve
     from posttrain.rl.run import run_rl
 
-    over = json.loads(args.overrides)
-    over.setdefault("rl", {}).setdefault("steps", args.steps)
-    over["rl"].setdefault("checkpoint_every", 0)
-    if args.recipe == "small_instruct_cpu" and not over.get("model", {}).get("base_path"):
-        over.setdefault("model", {})["base_path"] = str(build())
-    cfg = resolve(args.recipe, over)
     ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    sampler = Sampler(timeline=Path(args.timeline) if args.timeline else None)
     with tempfile.TemporaryDirectory(prefix="bench-rl-memory-") as tmp:
         root = Path(tmp)
         prepare_dataset(cfg.data, root / "dataset", require_completions=False)
@@ -173,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         sampler.stop.set()
         sampler.join()
     ray.shutdown()
+    return res, wall, model_dir
+
+
+def report(cfg, model_dir: Path, sampler: Sampler, res, wall: float, json_path: Path | None) -> None:
+    """The peaks per role and in total, the step times; the same as JSON into `json_path` when given."""
     gib = 1 / 2**20
     load = os.getloadavg()
     print(f"\nRL peak memory (PSS), recipe {cfg.name}, model {model_dir.name}, {cfg.rl.steps} steps of "
@@ -187,14 +177,38 @@ def main(argv: list[str] | None = None) -> int:
     step_s = [m.step_s for m in res.history]
     print(f"steps: {len(res.history)}, final policy version {res.history[-1].policy_version if res.history else 0}; "
           f"step seconds {[round(s, 1) for s in step_s]}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
+    if json_path:
+        json_path.write_text(json.dumps({
             "recipe": cfg.name, "model": model_dir.name, "lora": bool(cfg.model.lora), "steps": len(step_s),
             "step_s": step_s, "peak_total_gib": sampler.peak_total * gib,
             "peak_role_gib": {r: v * gib for r, v in sampler.peak_role.items()},
             "at_peak_gib": {r: v * gib for r, v in sampler.peak_total_split.items()},
             "update_s": [m.compute_s.get("update", 0.0) for m in res.history],
             "rollout_s": [m.compute_s.get("rollout", 0.0) for m in res.history], "load": list(load)}, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--recipe", default="small_instruct_cpu")
+    ap.add_argument("--overrides", default="{}", help="JSON overrides of the recipe")
+    ap.add_argument("--timeline", default="", help="write every sample (seconds, KiB per role) to this jsonl file")
+    ap.add_argument("--json", default="", help="also write the peaks, step times and settings to this file")
+    args = ap.parse_args(argv)
+
+
+    from posttrain.models.smollm2 import build
+    from posttrain.recipes import resolve
+
+    over = json.loads(args.overrides)
+    over.setdefault("rl", {}).setdefault("steps", args.steps)
+    over["rl"].setdefault("checkpoint_every", 0)
+    if args.recipe == "small_instruct_cpu" and not over.get("model", {}).get("base_path"):
+        over.setdefault("model", {})["base_path"] = str(build())
+    cfg = resolve(args.recipe, over)
+    sampler = Sampler(timeline=Path(args.timeline) if args.timeline else None)
+    res, wall, model_dir = measure(cfg, sampler)
+    report(cfg, model_dir, sampler, res, wall, Path(args.json) if args.json else None)
     return 0
 
 

@@ -5,11 +5,6 @@ DPO whose reference is the start model with its adapters off, and a reward model
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +17,7 @@ from posttrain.data.prepare import prepare_dataset
 from posttrain.models.io import load_tokenizer, save_model
 from posttrain.models.tiny import build_model
 from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
-from tests.integration.test_sft_spmd import _max_diff, run_driver, torchrun
+from tests.integration.test_sft_spmd import _max_diff, run_driver, torchrun, torchrun_killed_at
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "intermediate_size": 64, "max_seq_len": 32}
@@ -86,21 +81,8 @@ def test_lora_sft_resumes_exactly_after_sigkill_from_adapter_only_state(tmp_path
     script = tmp_path / "run.py"
     script.write_text(RUN)
     torchrun(2, script, data, "sft", 24, tmp_path / "full", tmp_path / "state-full", 2)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-           str(data), "sft", "24", str(tmp_path / "resumed"), str(tmp_path / "state-kill"), "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-    log = []
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        log.append(line)
-        if line.startswith("step 9:"):  # state was saved after step 8
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    subprocess.run(["pkill", "-9", "-f", str(tmp_path / "state-kill")], check=False)
-    proc.wait(30)
-    time.sleep(1)
+    log = torchrun_killed_at(2, ["step 9:"], script, data, "sft", 24, tmp_path / "resumed", tmp_path / "state-kill",
+                             2, kill_pattern=str(tmp_path / "state-kill"))  # state was saved after step 8
     saved = tmp_path / "state-kill" / "step-0000008"
     assert saved.is_dir(), "".join(log)
     from torch.distributed.checkpoint import FileSystemReader

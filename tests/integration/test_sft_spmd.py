@@ -40,6 +40,28 @@ def torchrun(nproc: int, *args, timeout=240, env=None) -> subprocess.CompletedPr
     return p
 
 
+def torchrun_killed_at(nproc: int, prefixes: list[str], *args, kill_pattern: str, timeout=180) -> list[str]:
+    """Start torchrun with `args`, read its output until a line starts with one of `prefixes`, then SIGKILL the
+    launcher and every rank (torchrun's workers may sit in their own sessions: `kill_pattern` finds them by
+    command line). Returns the lines read."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    log = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        log.append(line)
+        if line.startswith(tuple(prefixes)):
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    subprocess.run(["pkill", "-9", "-f", kill_pattern], check=False)
+    proc.wait(30)
+    time.sleep(1)
+    return log
+
+
 def run_driver(tmp, data, nproc, mode, micro, global_bs, steps, parallel="ddp", lora=""):
     out = tmp / f"{mode}-{nproc}x{micro}-{parallel}{lora}"
     out.mkdir()
@@ -125,22 +147,8 @@ def test_resume_after_sigkill_gives_the_same_weights(tmp_path, small_data):
     script = tmp_path / "run.py"
     script.write_text(RUN)
     torchrun(2, script, small_data, 24, tmp_path / "full", tmp_path / "state-full")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-           str(small_data), "24", str(tmp_path / "resumed"), str(tmp_path / "state-kill")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-    log = []
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        log.append(line)
-        if line.startswith("step 9:"):  # state was saved after step 8 (steps are 0-based in the log)
-            break
-    # SIGKILL the launcher and every rank (torchrun's workers may sit in their own sessions).
-    os.killpg(proc.pid, signal.SIGKILL)
-    subprocess.run(["pkill", "-9", "-f", str(tmp_path / "state-kill")], check=False)
-    proc.wait(30)
-    time.sleep(1)
+    log = torchrun_killed_at(2, ["step 9:"], script, small_data, 24, tmp_path / "resumed", tmp_path / "state-kill",
+                             kill_pattern=str(tmp_path / "state-kill"))  # state was saved after step 8 (0-based)
     assert any(p.name == "step-0000008" for p in (tmp_path / "state-kill").iterdir()), "".join(log)
     assert not (tmp_path / "resumed").exists()
     p = torchrun(2, script, small_data, 24, tmp_path / "resumed", tmp_path / "state-kill")

@@ -212,23 +212,10 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
                                                         if needs_frozen else "takes no frozen model"))
     torch.manual_seed(sft_cfg.seed)
     tokenizer = load_tokenizer(base_model_dir or tokenizer_dir)
-    model = build_trainee(objective.name, model_cfg, tokenizer, base_model_dir)
-    lora = lora_of(model_cfg, base_model_dir, info.rank, objective.name.value)
-    if lora is not None:
-        add_adapters(model.rm if isinstance(model, TokenScores) else model, lora, seed=sft_cfg.seed,
-                     extra_trainable=head_of(objective.name))
-    frozen = None
-    base_is_frozen = lora is not None and frozen_model_dir is not None and Path(frozen_model_dir) == Path(base_model_dir)
-    if frozen_model_dir is not None and not base_is_frozen:  # no gradients, no optimizer: one forward per micro-batch
-        frozen = load_model(frozen_model_dir, device=info.device).requires_grad_(False)
+    model, frozen, lora = trainee_and_frozen(objective.name, model_cfg, sft_cfg, info, tokenizer, base_model_dir,
+                                             frozen_model_dir)
     pack_length = sft_cfg.pack_length or model_cfg.max_seq_len
     encoded, dropped = encode_train_split(dataset_dir, tokenizer, min(model_cfg.max_seq_len, pack_length), objective)
-    model = wrap(model, sft_cfg, info, gradient_checkpointing=model_cfg.gradient_checkpointing)
-    if base_is_frozen:  # DPO's reference is the start model: the trainee with its adapters off, not a second copy
-        frozen = BaseOf(model)
-        if info.rank == 0:
-            print(f"{objective.name.value}: reference = the start model with its LoRA adapters off (no second copy)",
-                  flush=True)
     optimizer = make_optimizer(model, sft_cfg)
     shards = Shards(encoded, sft_cfg, info, tokenizer.pad_token_id, pack_length)
     state = state_dir if isinstance(state_dir, StateDir) else StateDir(state_dir)
@@ -256,6 +243,30 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     return {**{k: v for k, v in metrics.items()}, "steps": sft_cfg.steps, "world_size": info.world_size,
             "train_examples": len(encoded), "dropped_too_long": dropped,
             "wall_s": time.perf_counter() - t_start, "history": history}
+
+
+def trainee_and_frozen(objective: Objective, model_cfg: ModelConfig, sft_cfg: SFTConfig, info: DistInfo, tokenizer,
+                       base_model_dir, frozen_model_dir) -> tuple[torch.nn.Module, object, LoraConfig | None]:
+    """(the trainee - with LoRA adapters when model.lora applies, wrapped for the group -, its frozen model or None,
+    the LoRA settings in use). The frozen model is loaded from its folder (no gradients, no optimizer: one forward
+    per micro-batch), except DPO's reference under LoRA when it is the start model: the trainee with its adapters
+    off, not a second copy."""
+    model = build_trainee(objective, model_cfg, tokenizer, base_model_dir)
+    lora = lora_of(model_cfg, base_model_dir, info.rank, objective.value)
+    if lora is not None:
+        add_adapters(model.rm if isinstance(model, TokenScores) else model, lora, seed=sft_cfg.seed,
+                     extra_trainable=head_of(objective))
+    base_is_frozen = lora is not None and frozen_model_dir is not None and Path(frozen_model_dir) == Path(base_model_dir)
+    frozen = None
+    if frozen_model_dir is not None and not base_is_frozen:
+        frozen = load_model(frozen_model_dir, device=info.device).requires_grad_(False)
+    model = wrap(model, sft_cfg, info, gradient_checkpointing=model_cfg.gradient_checkpointing)
+    if base_is_frozen:
+        frozen = BaseOf(model)
+        if info.rank == 0:
+            print(f"{objective.value}: reference = the start model with its LoRA adapters off (no second copy)",
+                  flush=True)
+    return model, frozen, lora
 
 
 def lora_of(model_cfg: ModelConfig, base_model_dir, rank: int, stage: str) -> LoraConfig | None:
