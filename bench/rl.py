@@ -30,8 +30,9 @@ Sections (`--sections placement,engines,trl,ppo,cluster,lora`; default all; each
   of the RL task's RayJob - against local Ray, in turn (--cluster-reps pairs, --cluster-steps each): median step
   time, rehearsal / local ratio. Every pod shares this machine's cores: it measures the orchestration's cost.
 - lora (bench/rl_lora.py): small_instruct_cpu's RL on SmolLM2-135M-Instruct (`make real-model`) with full
-  fine-tuning and with `model.lora`, in turn (--lora-pairs, --lora-steps each): peak summed PSS, the policy's and
-  rollout's peaks, median step, update and rollout seconds, LoRA / full ratios.
+  fine-tuning and with `model.lora`, each with the recipe's rollout worker and with the policy rank generating
+  (placement.rollout_workers 0), in turn (--lora-pairs, --lora-steps each): peak summed PSS, the policy's and
+  rollout's peaks, median step, update and rollout seconds, ratios to full fine-tuning.
 Run on an otherwise idle machine: Ray workers run at nice 15, so any other process takes their CPU first.
 """
 

@@ -47,10 +47,11 @@ def ray_pod(container: str, requests: Resources, shm: str) -> PodTemplate:
 ray_config = RayJobConfig(
     head_node_config=HeadNodeConfig(ray_start_params={"num-cpus": "1"},
                                     pod_template=ray_pod("ray-head", Resources(cpu="1", mem="2Gi"), "256Mi")),
-    worker_node_config=[
-        WorkerNodeConfig(group_name="rollout", replicas=settings.RAY_ROLLOUT_REPLICAS,
-                         ray_start_params=group_resource_start_params("rollout"),
-                         pod_template=ray_pod("ray-worker", Resources(cpu="2", mem="4Gi"), settings.RAY_SHM)),
+    worker_node_config=[  # no `rollout` group when the policy ranks generate (placement.rollout_workers 0)
+        *([WorkerNodeConfig(group_name="rollout", replicas=settings.RAY_ROLLOUT_REPLICAS,
+                            ray_start_params=group_resource_start_params("rollout"),
+                            pod_template=ray_pod("ray-worker", Resources(cpu="2", mem="4Gi"), settings.RAY_SHM))]
+          if settings.RAY_ROLLOUT_REPLICAS > 0 else []),
         WorkerNodeConfig(group_name="train", replicas=settings.RAY_TRAIN_REPLICAS,
                          ray_start_params=group_resource_start_params("train"),
                          pod_template=ray_pod("ray-worker", Resources(cpu="2", mem="4Gi"), settings.RAY_SHM)),

@@ -148,18 +148,22 @@ def test_controller_with_real_ray_actors(ray_local, tiny_sft_model, tmp_path):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("rollout_workers", [1, 0])
 def test_lora_policy_through_real_actors_serves_its_own_reference_and_stores_an_adapter(ray_local, tiny_sft_model,
-                                                                                       tmp_path):
+                                                                                       tmp_path, rollout_workers):
     """model.lora on Ray: two policy ranks (DDP, ZeRO-1 over the adapters) with kl_coef > 0 and no reference
-    actor - the policy ranks answer with adapters off; the rollout worker holds the merged weights (no drift);
+    actor - the policy ranks answer with adapters off; the rollout worker holds the merged weights (no drift),
+    or with placement.rollout_workers 0 no rollout actor starts and each policy rank generates its share;
     each checkpoint is an adapter artifact of the start model, which evaluation opens merged."""
     from posttrain import stages
     from posttrain.config import EvalConfig, LoraConfig, ModelConfig
 
     model_cfg = ModelConfig(lora=LoraConfig(rank=4, alpha=8.0))
     store, res, model, data = _run(tmp_path, tiny_sft_model, replace(SMALL, lr=1e-3),
-                                   PlacementConfig(policy_workers=2, rollout_workers=1), model_cfg=model_cfg)
+                                   PlacementConfig(policy_workers=2, rollout_workers=rollout_workers),
+                                   model_cfg=model_cfg)
     assert res.steps == 2 and "reference" not in res.placement["nodes"]  # no reference actor started
+    assert ("rollout" in res.placement["nodes"]) == (rollout_workers > 0)
     for m in res.history:
         assert m.compute_s["reference"] > 0 and m.kl >= 0 and m.drift < 1e-5
     assert res.history[-1].kl > 0  # the adapters moved the policy away from its base

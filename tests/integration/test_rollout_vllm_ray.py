@@ -113,3 +113,19 @@ def test_on_policy_distillation_with_vllm_rollouts(ray_local, tiny, tmp_path):
         flat = m.flat()
         assert flat["distill/reverse_kl"] > 0 and flat["compute/teacher_s"] > 0, flat
         assert m.drift < cfg.drift_threshold and m.generated_tokens > 0
+
+
+@pytest.mark.timeout(900)
+def test_lora_policy_hands_vllm_its_merged_weights_every_step(ray_local, tiny, tmp_path):
+    """model.lora with vLLM rollouts: each sync streams W + B A x alpha / rank under the base model's names into
+    the live engines (their checksum must equal the policy's merged view, or the sync fails), the drift gate
+    passes every step, and the checkpoint is an adapter artifact of the start model."""
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.config import LoraConfig, ModelConfig
+
+    res = _run(tmp_path, tiny, model_cfg=ModelConfig(lora=LoraConfig(rank=4, alpha=8.0)))
+    assert [m.policy_version for m in res.history] == [1, 2]
+    for m in res.history:
+        assert m.generated_tokens > 0 and m.drift < RL.drift_threshold and m.reward_failures == 0
+    store = ArtifactStore(tmp_path / "store")
+    assert (store.get(res.model) / "adapter_model.safetensors").exists()

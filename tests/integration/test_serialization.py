@@ -79,3 +79,10 @@ def test_multi_node_elastic_becomes_a_pytorch_job_with_the_defined_counts():
     assert sft["custom"]["elasticConfig"]["nprocPerNode"] == 4
     groups = {g["groupName"]: g["replicas"] for g in out["rl"]["custom"]["rayCluster"]["workerGroupSpec"]}
     assert groups["train"] == 4
+
+
+@pytest.mark.timeout(300)
+def test_no_rollout_worker_group_when_the_policy_ranks_generate():
+    out = _serialize({"POSTTRAIN_RAY_TRAIN_REPLICAS": "2", "POSTTRAIN_RAY_ROLLOUT_REPLICAS": "0"})
+    groups = {g["groupName"]: g["replicas"] for g in out["rl"]["custom"]["rayCluster"]["workerGroupSpec"]}
+    assert groups == {"train": 2}  # placement.rollout_workers 0: no pods wait for rollout actors

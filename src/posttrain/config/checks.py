@@ -7,7 +7,15 @@ import importlib.util
 import math
 
 from posttrain.config.dense import DistillConfig, DPOConfig, PairsConfig
-from posttrain.config.enums import Algorithm, DataSchema, DistillLoss, DPOLoss, MismatchCorrection, RolloutBackend
+from posttrain.config.enums import (
+    Algorithm,
+    DataSchema,
+    DistillLoss,
+    DPOLoss,
+    MismatchCorrection,
+    PlacementMode,
+    RolloutBackend,
+)
 from posttrain.config.errors import ConfigError
 from posttrain.config.pipeline import PipelineConfig
 from posttrain.config.sections import (
@@ -291,7 +299,14 @@ def _check_rl_algorithm(r: RLConfig) -> None:
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
     _check(p.policy_workers >= 1, "placement.policy_workers", "must be >= 1")
-    _check(p.rollout_workers >= 1, "placement.rollout_workers", "must be >= 1")
+    _check(p.rollout_workers >= 0, "placement.rollout_workers", "must be >= 0 (0: the policy ranks generate)")
+    if p.rollout_workers == 0:
+        _check(r.rollout_backend == RolloutBackend.TRANSFORMERS, "placement.rollout_workers",
+               f"0 (the policy ranks generate) needs rl.rollout_backend 'transformers', not "
+               f"'{RolloutBackend(r.rollout_backend).value}': vLLM runs in rollout workers of its own")
+        _check(p.mode == PlacementMode.COLOCATED, "placement.mode",
+               "'split' gives rollout workers devices of their own, but placement.rollout_workers is 0 "
+               "(the policy ranks generate)")
     _check(p.reference_workers >= 1, "placement.reference_workers", "must be >= 1")
     _check(p.reward_workers >= 1, "placement.reward_workers", "must be >= 1")
     _check(p.critic_workers >= 0, "placement.critic_workers", "must be >= 0 (0: as many as policy_workers)")

@@ -189,7 +189,9 @@ class PlacementConfig:
     policy_workers: int = 2
     """Ranks in the SPMD policy group. Fixed in the Ray task's `train` worker group on a cluster."""
     rollout_workers: int = 1
-    """Generation workers (the `rollout` worker group on a cluster)."""
+    """Generation workers (the `rollout` worker group on a cluster). 0: no rollout workers - the policy ranks
+    generate with their own model (adapters applied), as verl's hybrid engine does: no second copy of the
+    weights, no weight transfer; each rank takes its share of the prompts. Transformers backend only."""
     reference_workers: int = 1
     """Reference log-prob workers (only created when rl.kl_coef > 0)."""
     teacher_workers: int = 1

@@ -61,10 +61,11 @@ import torch
 
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import DType, MismatchCorrection, ModelConfig, RLConfig
-from posttrain.models.generate import entropy_from_logits, forward_response_logits, sampling_logprobs, sequence_logprobs
+from posttrain.models.generate import entropy_from_logits, generate, forward_response_logits, sampling_logprobs, sequence_logprobs
 from posttrain.models.io import (
     compute_dtype,
     enable_gradient_checkpointing,
+    eos_token_ids,
     load_model,
     load_tokenizer,
     local_device,
@@ -75,7 +76,8 @@ from posttrain.rl import weight_transfer
 from posttrain.rl.algorithms import grpo, mismatch, pg
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
-from posttrain.rl.types import ModelPut, PolicyLoss, RankUpdate, TrainBatch
+from posttrain.rl.roles.rollout import trajectories
+from posttrain.rl.types import ModelPut, PolicyLoss, PromptBatch, RankUpdate, TrainBatch, Trajectories, WeightReport
 from posttrain.rl.weight_sync import weights_checksum
 
 
@@ -109,6 +111,7 @@ class PolicyWorker(SPMDWorker):
         self.sync_dtype = compute_dtype(self.model_cfg.dtype, self.device)
         """The dtype the weights are handed to rollout workers in (bf16 when they generate in bf16)."""
         self.tok = load_tokenizer(model_dir)
+        self.eos_ids = eos_token_ids(model_dir, self.tok)
         self.version = 0
         self.net: torch.nn.Module | None = None
         """What the update's forward runs through (set when the rank joins its group): DDP around the model with
@@ -274,8 +277,8 @@ class PolicyWorker(SPMDWorker):
                 stopped: str) -> RankUpdate:
         return RankUpdate(loss=sums["loss"], sums=tuple((k, float(sums[k])) for k in ("pg", "kl", "clip", "ent",
                                                                                     "mm_kl", "mm_max", "mm_tok")),
-                          tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version, checksum=self.checksum(),
-                          applied=applied, stopped=stopped, compute_s=time.perf_counter() - t0, drift=drift)
+                          tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version,
+                          checksum=self._remember_checksum(), applied=applied, stopped=stopped, compute_s=time.perf_counter() - t0, drift=drift)
 
     def _set_lr(self) -> None:
         scale = warmup_scale(self.version, self.cfg.warmup_steps)
@@ -288,6 +291,45 @@ class PolicyWorker(SPMDWorker):
         computed when it is read (lora.MergedView: no second full copy while it is written or hashed)."""
         sd = self.model.state_dict()
         return MergedView(sd, self.lora) if self.lora is not None else sd
+
+    def load_state(self, state_dir: str) -> int:
+        self._checksum = None  # the loaded weights are not the ones last hashed
+        return super().load_state(state_dir)
+
+    def _remember_checksum(self) -> str:
+        self._checksum = (self.version, self.checksum())
+        return self._checksum[1]
+
+    # -- generation by the policy ranks themselves (placement.rollout_workers 0: rollout.PolicyRollout)
+
+    def generate(self, prompts: PromptBatch, n: int, temperature: float, max_new_tokens: int, seed: int,
+                 top_p: float = 1.0, top_k: int = 0) -> Trajectories:
+        """What a rollout worker's `generate` returns, sampled from this rank's own model (adapters applied) in
+        eval mode without gradients; the seed is offset by the rank as a rollout worker's is."""
+        if prompts.policy_version != self.version:
+            raise RuntimeError(f"{self.id} holds policy version {self.version}, asked to generate with "
+                               f"{prompts.policy_version}")
+        t0 = time.perf_counter()
+        self.model.eval()
+        try:
+            with self._autocast(), torch.no_grad():
+                gens = generate(self.model, prompts.prompt_ids, max_new_tokens=max_new_tokens,
+                                temperature=temperature, n=n, eos_id=self.eos_ids, pad_id=self.tok.pad_token_id,
+                                seed=seed + 7919 * self.rank, batch_size=512, top_p=top_p, top_k=top_k)
+        finally:
+            self.model.train()
+        return trajectories(gens, prompts, n, self.tok, self.version, time.perf_counter() - t0)
+
+    def load_weights(self, payload: None, version: int) -> WeightReport:
+        """The weight sync when this rank generates itself: nothing travels. Confirms it holds `version` and
+        reports the checksum its last update computed over the weights it generates with (or computes it)."""
+        if payload is not None:
+            raise RuntimeError(f"{self.id} generates with its own weights and takes none (got {type(payload)})")
+        if version != self.version:
+            raise RuntimeError(f"{self.id} holds policy version {self.version}, not {version}")
+        known = getattr(self, "_checksum", None)
+        checksum = known[1] if known and known[0] == self.version else self._remember_checksum()
+        return WeightReport(worker=self.id, version=self.version, checksum=checksum)
 
     def checksum(self) -> str:
         """Checksum of exactly what `state_dict()` hands to rollout workers (in `sync_dtype`)."""

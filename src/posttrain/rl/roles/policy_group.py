@@ -21,18 +21,25 @@ class PolicyGroup(SPMDGroup):
     role = "policy"
 
     def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float, micro_batch_size: int,
-                 shared_folder: str | None = None, mini_batches: int = 1, seed: int = 0):
+                 shared_folder: str | None = None, mini_batches: int = 1, seed: int = 0, generates: bool = False):
         """`shared_folder`: hand weights over through a file there (every rollout worker must be on rank 0's
-        node: see `weight_transfer`); None: through Ray's object store. `mini_batches`: optimizer steps per pass
+        node: see `weight_transfer`); None: through Ray's object store. `generates`: the ranks generate the
+        rollouts themselves (placement.rollout_workers 0, rollout.PolicyRollout), so no weights are handed over.
+        `mini_batches`: optimizer steps per pass
         over a batch (rl.mini_batches); rows go to mini-batches by a permutation seeded with `seed` and the
         version, so a resumed run splits the same way."""
         super().__init__(workers, ids, timeout_s)
         self.mb, self.mini_batches, self.seed = micro_batch_size, mini_batches, seed
+        self.generates = generates
         self.shared_folder, self.transport = None, "Ray's object store (rollout workers are not on policy rank 0's node)"
-        if shared_folder:  # is there room on rank 0's node? (a pod's /dev/shm may be 64 MiB)
+        if generates:
+            self.transport = "none: the policy ranks generate (placement.rollout_workers 0)"
+        elif shared_folder:  # is there room on rank 0's node? (a pod's /dev/shm may be 64 MiB)
             self.shared_folder, self.transport = gather([workers[0].choose_shared_folder.remote(shared_folder)],
                                                         ids[:1], stage="policy.weights", timeout_s=timeout_s)[0]
-        print(f"rl: weights reach the rollout workers through {self.transport}", flush=True)
+        print("rl: the policy ranks generate the rollouts with their own weights (placement.rollout_workers 0): "
+              "no weight transfer" if generates else f"rl: weights reach the rollout workers through {self.transport}",
+              flush=True)
         self.version = 0
         self._checksum: str | None = None
         """Checksum of the weights at `version`, as rank 0 reported it after the last update (None: not known
@@ -76,7 +83,9 @@ class PolicyGroup(SPMDGroup):
         if self._checksum is None:
             self._checksum = gather([self.workers[0].checksum.remote()], self.ids[:1], stage="policy.weights",
                                     timeout_s=self.timeout_s)[0]
-        if self.shared_folder:
+        if self.generates:
+            payload = None
+        elif self.shared_folder:
             payload = gather([self.workers[0].publish.remote(self.shared_folder)], self.ids[:1],
                              stage="policy.weights", timeout_s=self.timeout_s)[0]
         else:

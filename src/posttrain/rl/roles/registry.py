@@ -118,12 +118,18 @@ def _gen_threads(s: RunSettings) -> int:
 
 
 def _policy_shared_folder(ctx: GroupContext) -> dict:
-    """Weights go through a shared-memory file only when every rollout worker is on policy rank 0's node."""
+    """Weights go through a shared-memory file only when every rollout worker is on policy rank 0's node; with
+    no rollout workers (placement.rollout_workers 0) the policy ranks generate and nothing is handed over."""
     node = ctx.ids["policy"][0].node
-    one_node = all(r.node == node for r in ctx.ids["rollout"])
+    generates = _policy_generates(ctx.settings)
+    one_node = not generates and all(r.node == node for r in ctx.ids["rollout"])
     rl = ctx.settings.rl
     return {"micro_batch_size": rl.micro_batch_size, "shared_folder": ctx.weights_folder if one_node else None,
-            "mini_batches": rl.mini_batches, "seed": rl.seed}
+            "mini_batches": rl.mini_batches, "seed": rl.seed, "generates": generates}
+
+
+def _policy_generates(s: RunSettings) -> bool:
+    return s.placement.rollout_workers == 0
 
 
 def _lora(s: RunSettings) -> bool:
@@ -136,7 +142,8 @@ ROLES: dict[str, RoleSpec] = {
         group="posttrain.rl.roles.rollout:RolloutGroup",
         fan_out={"generate": FanOut.SPLIT_EVEN, "load_weights": FanOut.ALL},
         takes=("PromptBatch", "WeightsHandle"), returns=("Trajectories", "WeightReport"), trains=False,
-        kuberay_group="rollout", workers=lambda s: s.placement.rollout_workers, enabled=lambda s: True,
+        kuberay_group="rollout", workers=lambda s: s.placement.rollout_workers,
+        enabled=lambda s: not _policy_generates(s),
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, 0, s.model, s.rl.rollout_backend,
                                         _gen_threads(s))),
     "reward": RoleSpec(
@@ -202,10 +209,14 @@ ROLES: dict[str, RoleSpec] = {
 
 def served_by_policy(s: RunSettings, groups: dict[str, Any]) -> dict[str, Any]:
     """Roles the policy workers answer themselves instead of workers of their own: with `model.lora` and
-    rl.kl_coef > 0 the reference is the policy's model with its adapters off (reference.PolicyBaseReference)."""
+    rl.kl_coef > 0 the reference is the policy's model with its adapters off (reference.PolicyBaseReference);
+    with placement.rollout_workers 0 the policy ranks generate the rollouts (rollout.PolicyRollout)."""
+    served = {}
     if s.rl.kl_coef > 0 and _lora(s):
-        return {"reference": load("posttrain.rl.roles.reference:PolicyBaseReference")(groups["policy"])}
-    return {}
+        served["reference"] = load("posttrain.rl.roles.reference:PolicyBaseReference")(groups["policy"])
+    if _policy_generates(s):
+        served["rollout"] = load("posttrain.rl.roles.rollout:PolicyRollout")(groups["policy"])
+    return served
 
 
 def active_roles(s: RunSettings) -> dict[str, RoleSpec]:

@@ -104,16 +104,7 @@ class RolloutWorker:
         t0 = time.perf_counter()
         gens = self.engine.generate(prompts.prompt_ids, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
                                     seed=seed + 7919 * self.id.rank, top_p=top_p, top_k=top_k)
-        tok = self.engine.tokenizer
-        group = [i for i in range(len(prompts.prompt_ids)) for _ in range(n)]
-        return Trajectories(
-            policy_version=self.version, group_index=group, prompt_ids=[g.prompt_ids for g in gens],
-            response_ids=[g.response_ids for g in gens], logprobs=[g.logprobs for g in gens],
-            finished=[g.finished for g in gens],
-            texts=[tok.decode(g.response_ids, skip_special_tokens=True) for g in gens],
-            answers=[prompts.answers[i] for i in group], tasks=[prompts.tasks[i] for i in group],
-            messages=[prompts.messages[i] for i in group], columns=[prompts.columns[i] for i in group],
-            compute_s=time.perf_counter() - t0)
+        return trajectories(gens, prompts, n, self.engine.tokenizer, self.version, time.perf_counter() - t0)
 
     def release(self, shared: weight_transfer.SharedWeights) -> None:
         """Delete a weight file every rollout worker has copied: here, on the node that holds it."""
@@ -130,6 +121,20 @@ class RolloutWorker:
             self.engine.load_weights(state)
         self.version = version
         return WeightReport(worker=self.id, version=self.version, checksum=self.engine.checksum())
+
+
+def trajectories(gens: list[Generation], prompts: PromptBatch, n: int, tokenizer, version: int,
+                 compute_s: float) -> Trajectories:
+    """The handoff of n generations per prompt (prompt-major) made by policy `version`."""
+    group = [i for i in range(len(prompts.prompt_ids)) for _ in range(n)]
+    return Trajectories(
+        policy_version=version, group_index=group, prompt_ids=[g.prompt_ids for g in gens],
+        response_ids=[g.response_ids for g in gens], logprobs=[g.logprobs for g in gens],
+        finished=[g.finished for g in gens],
+        texts=[tokenizer.decode(g.response_ids, skip_special_tokens=True) for g in gens],
+        answers=[prompts.answers[i] for i in group], tasks=[prompts.tasks[i] for i in group],
+        messages=[prompts.messages[i] for i in group], columns=[prompts.columns[i] for i in group],
+        compute_s=compute_s)
 
 
 class RolloutGroup:
@@ -173,6 +178,17 @@ class RolloutGroup:
             if isinstance(weights.payload, weight_transfer.SharedWeights):  # removed on its node, not here
                 gather([self.workers[0].release.remote(weights.payload)], self.ids[:1], stage="rollout.release",
                        timeout_s=self.timeout_s)
+
+
+class PolicyRollout(RolloutGroup):
+    """The rollout role with `placement.rollout_workers` 0: the policy ranks generate with their own model (the
+    adapters applied, with `model.lora`), each its contiguous share of the prompts, as rollout workers would.
+    No rollout workers start and no weights travel: `load_weights` only asks each rank to confirm that it
+    holds the version the update produced (its WeightReport carries that update's checksum), so the version
+    checks and the drift gate run as with separate workers."""
+
+    def __init__(self, policy):
+        super().__init__(policy.workers, policy.ids, policy.timeout_s)
 
 
 def _slice(p: PromptBatch, lo: int, hi: int) -> PromptBatch:
