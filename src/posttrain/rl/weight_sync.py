@@ -49,7 +49,7 @@ def add_to_checksum(h: hashlib._Hash, name: str, tensor: torch.Tensor) -> None:
     engine that hashes its tensors while it streams them in (posttrain.rl.roles.rollout_vllm)."""
     t = tensor.detach().to("cpu", torch.float32).contiguous()
     h.update(name.encode() + b"\0" + str(tuple(t.shape)).encode() + b"\0")
-    h.update(t.numpy().tobytes())
+    h.update(t.numpy())  # the array's buffer itself: no copy of the tensor's bytes
 
 
 def verify_reports(expected: WeightsHandle, reports: Sequence[WeightReport],

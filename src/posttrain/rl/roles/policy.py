@@ -318,6 +318,7 @@ class PolicyWorker(SPMDWorker):
                                 seed=seed + 7919 * self.rank, batch_size=512, top_p=top_p, top_k=top_k)
         finally:
             self.model.train()
+        return_free_memory()  # the KV cache's pages back to the OS before the update allocates its own
         return trajectories(gens, prompts, n, self.tok, self.version, time.perf_counter() - t0)
 
     def load_weights(self, payload: None, version: int) -> WeightReport:
@@ -333,7 +334,7 @@ class PolicyWorker(SPMDWorker):
 
     def checksum(self) -> str:
         """Checksum of exactly what `state_dict()` hands to rollout workers (in `sync_dtype`)."""
-        return weights_checksum({k: v.detach().to(self.sync_dtype) for k, v in self._rollout_weights().items()})
+        return weights_checksum(_Cast(self._rollout_weights(), self.sync_dtype))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The weights for rollout workers: CPU copies in `sync_dtype` (Ray ships CPU tensors)."""
@@ -376,6 +377,24 @@ class PolicyWorker(SPMDWorker):
             ref = ArtifactStore(put.store_root).put("model", put.name, tmp, run_id=put.run_id, parents=put.parents,
                                                     config=put.config, metrics=put.metrics, extra=put.extra)
         return ref.id
+
+class _Cast(Mapping):
+    """`named` with each tensor cast to `dtype` when it is read: hashing streams one tensor at a time, so a
+    LoRA policy's merged weights (lora.MergedView) never all exist at once (all of them at once were a second
+    copy of every adapted weight at the end of each update)."""
+
+    def __init__(self, named: Mapping[str, torch.Tensor], dtype: torch.dtype):
+        self.named, self.dtype = named, dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.named[name].detach().to(self.dtype)
+
+    def __iter__(self):
+        return iter(self.named)
+
+    def __len__(self) -> int:
+        return len(self.named)
+
 
 def _pad(rows: list[list[float]], shape) -> torch.Tensor:
     out = torch.zeros(shape, dtype=torch.float32)
