@@ -1,0 +1,222 @@
+"""A real model made better? RL with LoRA on SmolLM2-135M-Instruct, on a task built from a third-party package.
+
+    make real-model
+    .venv/bin/python bench/real_model.py                    # seeds 0 1, recipe small_instruct_lora_cpu
+    .venv/bin/python bench/real_model.py --seeds 0 --reward raw --split held_out_first
+    .venv/bin/python bench/real_model.py --write-readme     # also rewrite the README's real_model block
+
+What it does, as a user would with their own model, data and scorer:
+1. installs reasoning-gym (PyPI, pinned) with `pip install --target` into `<cache>/reasoning-gym/<version>`,
+   never into `.venv`;
+2. builds the task with it: `chain_sum` problems (`State the final answer to the following arithmetic problem:
+   6 + 0 - 1 =`), 2 or 3 one-digit terms, a train file and a held-out file of distinct questions (none of them
+   in train; `--split`), each row with reasoning-gym's own `metadata`;
+3. writes the reward (`rg_reward:score`, `--reward`): reasoning-gym's own scorer for the row
+   (`get_score_answer_fn(metadata["source_dataset"])`), given the completion's last number (`number`, the
+   default) or the completion as it is (`raw`: 1.0 only for exactly the answer, `len(answer) / len(completion)`
+   for an answer inside other words - "The answer is 8." scores 0.06); evaluation counts a score >= 1.0 as
+   correct;
+4. runs `pyflyte run workflows/pipeline.py pipeline` from the SmolLM2 folder with `sft.enabled: false` (RL
+   straight from the folder), one seed at a time, each in a fresh store, and reads the held-out greedy
+   accuracy of the folder and of the RL model from the run's summary;
+5. reads both evaluations' greedy completions back from the store and counts how often the completion's last
+   number is the answer ("arithmetic right", whatever the wording), so a gain in the scorer's accuracy can be
+   told apart into saying the answer as asked and getting it right.
+
+Measured (2026-11-26, bench/results/real-model-2026-11-26.txt): NOT made better. Seed 0 with the defaults
+(30 steps of 8 prompts x 8 samples, LoRA rank 16 at lr 3e-4, the policy rank generating): held-out greedy
+0.129 -> 0.137 on 256 problems (+0.008) in 26.4 min. `--reward raw --split held_out_first` (20 steps): greedy
+0.000 before; the mean reward stayed at 0.002-0.008 for 7 steps (the model answers "The answer is 5." and a
+bare number is rare enough that the partial credit barely moves it), stopped there. 2 terms of 1-2 digits:
+greedy 0.027 before RL (the model cannot add two-digit numbers), stopped after the evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from default_seeds import ROOT, _commit, run_pipeline, write_readme
+
+RG_VERSION = "0.1.25"
+CACHE = Path(os.environ.get("POSTTRAIN_MODELS", Path.home() / ".cache/posttrain/models")).parent
+MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
+TASK = {"name": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
+BEGIN, END = "<!-- real_model:begin -->", "<!-- real_model:end -->"
+
+REWARDS = {
+    "number": '''"""Reward for reasoning-gym rows: the completion's last number, scored by reasoning-gym's own scorer."""
+import re
+
+from reasoning_gym import get_score_answer_fn
+
+NUMBER = re.compile(r"-?\\d+(?:\\.\\d+)?")
+
+
+def score(completion, answer, metadata):
+    found = NUMBER.findall(completion.replace(",", ""))
+    return get_score_answer_fn(metadata["source_dataset"])(found[-1] if found else None,
+                                                          {"answer": answer, "metadata": metadata})
+''',
+    "raw": '''"""Reward for reasoning-gym rows: reasoning-gym's own scorer for the row's dataset, on the completion as it is
+(1.0 for exactly the answer; an answer inside other words gets len(answer) / len(completion))."""
+from reasoning_gym import get_score_answer_fn
+
+
+def score(completion, answer, metadata):
+    return get_score_answer_fn(metadata["source_dataset"])(completion, {"answer": answer, "metadata": metadata})
+''',
+}
+"""The reward module written for the run (`--reward`): `rg_reward:score`."""
+
+BUILD = '''import json, sys, reasoning_gym as rg
+task, train_n, eval_n, split, out = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+name = task.pop("name")
+rows = list(rg.create_dataset(name, size=train_n + 4 * eval_n, seed=1, **task))  # item i is seeded by seed + i
+if split == "train_first":  # held out: later questions not in train (a small problem space ends up mostly in train)
+    train = rows[:train_n]
+    seen = {r["question"] for r in train}
+    held = list({r["question"]: r for r in rows[train_n:] if r["question"] not in seen}.values())[:eval_n]
+else:  # held_out_first: the task's own mix of problems, and train without them
+    held = list({r["question"]: r for r in rows[:4 * eval_n]}.values())[:eval_n]
+    seen = {r["question"] for r in held}
+    train = [r for r in rows[4 * eval_n:] if r["question"] not in seen]
+if len(held) < eval_n:
+    sys.exit(f"only {len(held)} distinct held-out questions not in train; need {eval_n}")
+for fname, part in (("train.jsonl", train), ("test.jsonl", held)):
+    with open(f"{out}/{fname}", "w") as f:
+        for r in part:
+            f.write(json.dumps({"question": r["question"], "answer": r["answer"], "metadata": r["metadata"]}) + "\\n")
+print(len(train), len(held))
+'''
+
+
+def install_reasoning_gym() -> Path:
+    """reasoning-gym==RG_VERSION in its own folder (atomic: a half-done install is never used)."""
+    root = CACHE / "reasoning-gym" / RG_VERSION
+    if not (root / "reasoning_gym").is_dir():
+        tmp = root.with_name(f".tmp-{RG_VERSION}-{os.getpid()}")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "--no-input", "--target", str(tmp), f"reasoning-gym=={RG_VERSION}"], check=True, timeout=900)
+        os.replace(tmp, root)
+    return root
+
+
+def build_task(folder: Path, deps: Path, train_n: int, eval_n: int, reward: str, split: str) -> dict:
+    """train.jsonl, test.jsonl and rewards/rg_reward.py in `folder`; returns the data and reward overrides."""
+    (folder / "rewards").mkdir(parents=True, exist_ok=True)
+    (folder / "rewards" / "rg_reward.py").write_text(REWARDS[reward])
+    subprocess.run([sys.executable, "-c", BUILD, json.dumps(TASK), str(train_n), str(eval_n), split, str(folder)],
+                   check=True, env={**os.environ, "PYTHONPATH": str(deps)})
+    return {"data": {"task": "", "files": [str(folder / "train.jsonl")], "eval_files": [str(folder / "test.jsonl")],
+                     "eval_size": 0, "schema": "prompt_answer", "prompt_field": "question"},
+            "reward": {"fn": "rg_reward:score", "python_path": [str(folder / "rewards"), str(deps)]},
+            "eval": {"num_problems": eval_n}}
+
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def arithmetic_right(home: Path) -> dict[str, float]:
+    """{"folder" | "rl": share of held-out problems whose greedy completion's last number equals the answer},
+    from the eval artifacts' report.json (every problem's greedy completion is stored there)."""
+    out = {}
+    for path in sorted((home / "objects").glob("*/manifest.json")):
+        m = json.loads(path.read_text())
+        if m["kind"] != "eval":
+            continue
+        problems = json.loads((path.parent / "files" / "report.json").read_text())["problems"]
+        right = 0
+        for p in problems:
+            found = NUMBER.findall(p["greedy"].replace(",", ""))
+            right += bool(found) and Decimal(found[-1]) == Decimal(p["answer"])
+        out["folder" if m["name"].startswith("eval-base") else "rl"] = right / len(problems)
+    if set(out) != {"folder", "rl"}:
+        raise SystemExit(f"{home}: expected the folder's and the RL model's evaluations, found {sorted(out)}")
+    return out
+
+
+def overrides(task: dict, extra: dict) -> dict:
+    over = {"model": {"base_path": str(MODEL)}, "sft": {"enabled": False}, **json.loads(json.dumps(task))}
+    for section, fields in extra.items():
+        over.setdefault(section, {}).update(fields)
+    return over
+
+
+def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], eval_n: int, train_n: int) -> str:
+    """The README block: one row per seed (sampled accuracy only when the recipe's eval.k > 0), the change, and
+    how to reproduce it."""
+    sampled = all(r.get("sft_sampled_accuracy", -1.0) >= 0 for r in rows)
+    head = (["seed", "folder greedy", "RL greedy", "change greedy"] + (["folder sampled", "RL sampled"] if sampled else [])
+            + ["folder arithmetic right", "RL arithmetic right"])
+    lines = ["| " + " | ".join(head + ["wall"]) + " |", "|" + "---|" * (len(head) + 1)]
+    for r in rows:
+        cells = [str(r["seed"]), f"{r['sft_greedy_accuracy']:.3f}", f"{r['rl_greedy_accuracy']:.3f}",
+                 f"{r['d_greedy']:+.3f}"]
+        if sampled:
+            cells += [f"{r['sft_sampled_accuracy']:.3f}", f"{r['rl_sampled_accuracy']:.3f}"]
+        cells += [f"{r['folder_arithmetic']:.3f}", f"{r['rl_arithmetic']:.3f}"]
+        lines.append("| " + " | ".join(cells + [f"{r['wall_s'] / 60:.1f} min"]) + " |")
+    g = [r["d_greedy"] for r in rows]
+    command = " ".join(["bench/real_model.py", *[a for a in argv if a != "--write-readme"]])
+    task = json.dumps({k: v for k, v in TASK.items() if k != "name"})
+    lines += ["", (f"SmolLM2-135M-Instruct, reasoning-gym {RG_VERSION} `{TASK['name']}` ({task}), {train_n} generated "
+                   f"train / {eval_n} held-out questions (none of them in train); greedy change mean "
+                   f"{statistics.mean(g):+.3f} (min {min(g):+.3f}). Greedy is the scorer's accuracy (exactly the "
+                   "answer); \"arithmetic right\" counts greedy completions whose last number is the answer, however "
+                   "worded. Wall is the whole `pyflyte run` in a fresh store: both evaluations and every RL step. "
+                   f"Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load "
+                   f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).")]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--recipe", default="small_instruct_lora_cpu")
+    ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's overrides")
+    ap.add_argument("--train", type=int, default=2000, help="generated train questions (held-out ones dropped)")
+    ap.add_argument("--eval", type=int, default=256, help="held-out questions")
+    ap.add_argument("--reward", choices=sorted(REWARDS), default="number",
+                    help="number: the completion's last number, scored; raw: the completion as it is, scored")
+    ap.add_argument("--split", choices=("train_first", "held_out_first"), default="train_first",
+                    help="train_first: held-out questions are later ones not in train; held_out_first: the "
+                    "held-out set is the task's own mix, train is the rest")
+    ap.add_argument("--write-readme", action="store_true")
+    args = ap.parse_args(argv)
+    if not (MODEL / "model.safetensors").is_file():
+        raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")
+    deps = install_reasoning_gym()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="posttrain-real-") as tmp:
+        task = build_task(Path(tmp) / "task", deps, args.train, args.eval, args.reward, args.split)
+        for s in args.seeds:
+            home = Path(tmp) / f"home{s}"
+            row, out = run_pipeline(s, args.recipe, overrides(task, json.loads(args.overrides)), home)
+            print("\n".join(line for line in out.splitlines() if line.startswith(("rl step", "eval "))))
+            row["d_greedy"] = row["rl_greedy_accuracy"] - row["sft_greedy_accuracy"]
+            right = arithmetic_right(home)
+            row["folder_arithmetic"], row["rl_arithmetic"] = right["folder"], right["rl"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    load = os.getloadavg()
+    block = table(rows, argv if argv is not None else sys.argv[1:], load, args.eval, args.train)
+    print(block)
+    if args.write_readme:
+        write_readme(ROOT / "README.md", block, BEGIN, END)
+        print(f"wrote the table into {ROOT / 'README.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
