@@ -1,8 +1,8 @@
 """`placement.rollout_workers: 0` on real workers in-process (a tiny Llama, a gloo group of one): the policy ranks
 generate the rollouts with their own model (rollout.PolicyRollout) - no rollout worker, no weight transfer.
-Full fine-tuning gives exactly the run that a separate rollout worker gives (same samples, rewards and weights
-at every step); with LoRA the policy generates through its adapters and learns, with every sync's report
-carrying the checksum of the weights it generated with; settings it cannot serve are refused."""
+Full fine-tuning gives exactly the run that a separate rollout worker gives (same samples and rewards at every
+step, the same weights at the end); with LoRA the policy generates through its adapters and learns, with every
+sync's report carrying the checksum of the weights it generated with; settings it cannot serve are refused."""
 
 from __future__ import annotations
 
