@@ -104,8 +104,7 @@ def test_with_lora_the_policy_generates_through_its_adapters_and_learns(folders,
     ({"placement": {"rollout_workers": -1}}, "placement.rollout_workers", "must be >= 0"),
 ])
 def test_settings_the_policy_cannot_generate_with_are_refused(overrides, field, message, monkeypatch):
-    from posttrain.config import ConfigError
-    from posttrain.config import checks
+    from posttrain.config import ConfigError, checks
     from posttrain.recipes import resolve
 
     monkeypatch.setattr(checks, "vllm_installed", lambda: True)  # the refusal is not about the install

@@ -61,7 +61,13 @@ import torch
 
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import DType, MismatchCorrection, ModelConfig, RLConfig
-from posttrain.models.generate import entropy_from_logits, generate, forward_response_logits, sampling_logprobs, sequence_logprobs
+from posttrain.models.generate import (
+    entropy_from_logits,
+    forward_response_logits,
+    generate,
+    sampling_logprobs,
+    sequence_logprobs,
+)
 from posttrain.models.io import (
     compute_dtype,
     enable_gradient_checkpointing,
@@ -75,8 +81,8 @@ from posttrain.models.lora import MergedView, adapters_disabled, add_adapters, s
 from posttrain.rl import weight_transfer
 from posttrain.rl.algorithms import grpo, mismatch, pg
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
-from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.roles.rollout import trajectories
+from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import ModelPut, PolicyLoss, PromptBatch, RankUpdate, TrainBatch, Trajectories, WeightReport
 from posttrain.rl.weight_sync import weights_checksum
 
@@ -113,6 +119,8 @@ class PolicyWorker(SPMDWorker):
         self.tok = load_tokenizer(model_dir)
         self.eos_ids = eos_token_ids(model_dir, self.tok)
         self.version = 0
+        self._checksum: tuple[int, str] | None = None
+        """(version, checksum) the last update computed: what a sync reports when this rank generates."""
         self.net: torch.nn.Module | None = None
         """What the update's forward runs through (set when the rank joins its group): DDP around the model with
         more than one rank, the model itself with one."""
@@ -278,7 +286,8 @@ class PolicyWorker(SPMDWorker):
         return RankUpdate(loss=sums["loss"], sums=tuple((k, float(sums[k])) for k in ("pg", "kl", "clip", "ent",
                                                                                     "mm_kl", "mm_max", "mm_tok")),
                           tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version,
-                          checksum=self._remember_checksum(), applied=applied, stopped=stopped, compute_s=time.perf_counter() - t0, drift=drift)
+                          checksum=self._remember_checksum(), applied=applied, stopped=stopped,
+                          compute_s=time.perf_counter() - t0, drift=drift)
 
     def _set_lr(self) -> None:
         scale = warmup_scale(self.version, self.cfg.warmup_steps)
@@ -328,7 +337,7 @@ class PolicyWorker(SPMDWorker):
             raise RuntimeError(f"{self.id} generates with its own weights and takes none (got {type(payload)})")
         if version != self.version:
             raise RuntimeError(f"{self.id} holds policy version {self.version}, not {version}")
-        known = getattr(self, "_checksum", None)
+        known = self._checksum
         checksum = known[1] if known and known[0] == self.version else self._remember_checksum()
         return WeightReport(worker=self.id, version=self.version, checksum=checksum)
 
@@ -377,6 +386,7 @@ class PolicyWorker(SPMDWorker):
             ref = ArtifactStore(put.store_root).put("model", put.name, tmp, run_id=put.run_id, parents=put.parents,
                                                     config=put.config, metrics=put.metrics, extra=put.extra)
         return ref.id
+
 
 class _Cast(Mapping):
     """`named` with each tensor cast to `dtype` when it is read: hashing streams one tensor at a time, so a
