@@ -15,7 +15,8 @@ gives each mini-batch its own global normalizer); after the first step the clipp
 work. The policy version goes up by one per update. Each rank answers with a frozen `RankUpdate`.
 
 `PolicyGroup.update` = dispatch.shard -> .remote on every rank -> gather -> reduce stats (and check that all
-ranks hold identical weights afterwards).
+ranks hold identical weights afterwards). What a rank gives the rollout side - its weights, their checksum, or
+with placement.rollout_workers 0 the rollouts themselves - is `policy_weights.PolicyWeights`.
 
 Devices: each rank computes on its own device (`local_device()`: the GPU Ray assigned it, else CPU). The
 group uses NCCL only when every rank is on a GPU and no two ranks share one (NCCL refuses two ranks on one
@@ -54,7 +55,6 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -64,7 +64,6 @@ from posttrain.config import DType, MismatchCorrection, ModelConfig, RLConfig
 from posttrain.models.generate import (
     entropy_from_logits,
     forward_response_logits,
-    generate,
     sampling_logprobs,
     sequence_logprobs,
 )
@@ -77,14 +76,12 @@ from posttrain.models.io import (
     local_device,
     save_model,
 )
-from posttrain.models.lora import MergedView, adapters_disabled, add_adapters, save_adapter
-from posttrain.rl import weight_transfer
+from posttrain.models.lora import adapters_disabled, add_adapters, save_adapter
 from posttrain.rl.algorithms import grpo, mismatch, pg
 from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
-from posttrain.rl.roles.rollout import trajectories
+from posttrain.rl.roles.policy_weights import PolicyWeights
 from posttrain.rl.roles.spmd import SPMDWorker
-from posttrain.rl.types import ModelPut, PolicyLoss, PromptBatch, RankUpdate, TrainBatch, Trajectories, WeightReport
-from posttrain.rl.weight_sync import weights_checksum
+from posttrain.rl.types import ModelPut, PolicyLoss, RankUpdate, TrainBatch
 
 
 def warmup_scale(version: int, warmup_steps: int) -> float:
@@ -94,7 +91,7 @@ def warmup_scale(version: int, warmup_steps: int) -> float:
     return 1.0 if warmup_steps <= 0 else min(1.0, (version + 1) / warmup_steps)
 
 
-class PolicyWorker(SPMDWorker):
+class PolicyWorker(PolicyWeights, SPMDWorker):
     role = "policy"
 
     def __init__(self, model_dir: str, cfg: RLConfig, rank: int, world_size: int, model_cfg: ModelConfig | None = None,
@@ -294,80 +291,6 @@ class PolicyWorker(SPMDWorker):
         for g in self.opt.param_groups:
             g["lr"] = g.setdefault("base_lr", g["lr"]) * scale
 
-    def _rollout_weights(self) -> Mapping[str, torch.Tensor]:
-        """What rollout workers get, under the base architecture's names: the weights, or with LoRA the base with
-        the adapters merged in (W + B @ A * alpha / rank; the rollout model has no adapters), each merged weight
-        computed when it is read (lora.MergedView: no second full copy while it is written or hashed)."""
-        sd = self.model.state_dict()
-        return MergedView(sd, self.lora) if self.lora is not None else sd
-
-    def load_state(self, state_dir: str) -> int:
-        self._checksum = None  # the loaded weights are not the ones last hashed
-        return super().load_state(state_dir)
-
-    def _remember_checksum(self) -> str:
-        self._checksum = (self.version, self.checksum())
-        return self._checksum[1]
-
-    # -- generation by the policy ranks themselves (placement.rollout_workers 0: rollout.PolicyRollout)
-
-    def generate(self, prompts: PromptBatch, n: int, temperature: float, max_new_tokens: int, seed: int,
-                 top_p: float = 1.0, top_k: int = 0) -> Trajectories:
-        """What a rollout worker's `generate` returns, sampled from this rank's own model (adapters applied) in
-        eval mode without gradients; the seed is offset by the rank as a rollout worker's is."""
-        if prompts.policy_version != self.version:
-            raise RuntimeError(f"{self.id} holds policy version {self.version}, asked to generate with "
-                               f"{prompts.policy_version}")
-        t0 = time.perf_counter()
-        self.model.eval()
-        try:
-            with self._autocast(), torch.no_grad():
-                gens = generate(self.model, prompts.prompt_ids, max_new_tokens=max_new_tokens,
-                                temperature=temperature, n=n, eos_id=self.eos_ids, pad_id=self.tok.pad_token_id,
-                                seed=seed + 7919 * self.rank, batch_size=512, top_p=top_p, top_k=top_k)
-        finally:
-            self.model.train()
-        return_free_memory()  # the KV cache's pages back to the OS before the update allocates its own
-        return trajectories(gens, prompts, n, self.tok, self.version, time.perf_counter() - t0)
-
-    def load_weights(self, payload: None, version: int) -> WeightReport:
-        """The weight sync when this rank generates itself: nothing travels. Confirms it holds `version` and
-        reports the checksum its last update computed over the weights it generates with (or computes it)."""
-        if payload is not None:
-            raise RuntimeError(f"{self.id} generates with its own weights and takes none (got {type(payload)})")
-        if version != self.version:
-            raise RuntimeError(f"{self.id} holds policy version {self.version}, not {version}")
-        known = self._checksum
-        checksum = known[1] if known and known[0] == self.version else self._remember_checksum()
-        return WeightReport(worker=self.id, version=self.version, checksum=checksum)
-
-    def checksum(self) -> str:
-        """Checksum of exactly what `state_dict()` hands to rollout workers (in `sync_dtype`)."""
-        return weights_checksum(_Cast(self._rollout_weights(), self.sync_dtype))
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights for rollout workers: CPU copies in `sync_dtype` (Ray ships CPU tensors)."""
-        return {k: v.detach().to("cpu", self.sync_dtype, copy=True) for k, v in self._rollout_weights().items()}
-
-    def choose_shared_folder(self, preferred: str) -> tuple[str | None, str]:
-        """Where this node has room for the weight file (`weight_transfer.choose_folder`): (folder or None for
-        the object store, why)."""
-        named = self._rollout_weights()
-        folder, why = weight_transfer.choose_folder(preferred, weight_transfer.file_bytes(named, self.sync_dtype))
-        self._shared_folders = [preferred] + ([str(folder)] if folder else [])
-        return (str(folder) if folder else None), why
-
-    def remove_shared(self) -> None:
-        """Remove the weight-file folders on this node (the run's actors are being released)."""
-        for folder in getattr(self, "_shared_folders", []):
-            weight_transfer.remove_folder(folder)
-
-    def publish(self, folder: str) -> weight_transfer.SharedWeights:
-        """Write the weights for rollout workers on this node into shared memory (`weight_transfer`), in
-        `sync_dtype`, streamed tensor by tensor: no second full copy in this process."""
-        return weight_transfer.write(self._rollout_weights(), folder, version=self.version, node=self.id.node,
-                                     dtype=self.sync_dtype)
-
     def save_model(self, put: ModelPut) -> str | None:
         """Rank 0: the HF checkpoint of the current weights, stored as a `model` artifact (see PolicyGroup)."""
         if self.rank != 0:
@@ -386,24 +309,6 @@ class PolicyWorker(SPMDWorker):
             ref = ArtifactStore(put.store_root).put("model", put.name, tmp, run_id=put.run_id, parents=put.parents,
                                                     config=put.config, metrics=put.metrics, extra=put.extra)
         return ref.id
-
-
-class _Cast(Mapping):
-    """`named` with each tensor cast to `dtype` when it is read: hashing streams one tensor at a time, so a
-    LoRA policy's merged weights (lora.MergedView) never all exist at once (all of them at once were a second
-    copy of every adapted weight at the end of each update)."""
-
-    def __init__(self, named: Mapping[str, torch.Tensor], dtype: torch.dtype):
-        self.named, self.dtype = named, dtype
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self.named[name].detach().to(self.dtype)
-
-    def __iter__(self):
-        return iter(self.named)
-
-    def __len__(self) -> int:
-        return len(self.named)
 
 
 def _pad(rows: list[list[float]], shape) -> torch.Tensor:
