@@ -8,8 +8,8 @@ assistant-token counts; each micro-batch then contributes sum(token losses) / gl
 world_size because DDP (and FSDP2's reduce-scatter) average gradients across ranks. So 1 rank x 4
 micro-batches and 2 ranks x 2 micro-batches give the same loss and the same update.
 
-Resumable state (every `sft.save_every` steps, atomically): model + optimizer via torch.distributed.checkpoint
-(sharded for FSDP2), the step (which fixes the data cursor and the learning rate), RNG states and the wandb
+Resumable state (every `sft.save_every` steps, atomically; checkpoint.py): model + optimizer via
+torch.distributed.checkpoint (sharded for FSDP2), the step (which fixes the data cursor and the learning rate), RNG states and the wandb
 run id. Kept in `state_dir` - a local folder or an fsspec URL under the store's root (artifacts/state.py), so
 a retry on another node resumes - apart from the model artifact that rank 0 writes to `out_dir` at the end.
 
@@ -28,7 +28,6 @@ Leaves out: tensor/pipeline parallelism, dropout (none in the tiny models).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
@@ -36,22 +35,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from posttrain.artifacts.state import StateDir, read_file, write_file
+from posttrain.artifacts.state import StateDir
 from posttrain.config import LoraConfig, ModelConfig, Objective, Parallelism, SFTConfig, TrackingConfig, objective_of
 from posttrain.data.examples import read_examples
 from posttrain.models.io import enable_gradient_checkpointing, load_model, load_tokenizer, save_model
-from posttrain.models.lora import adapters_disabled, add_adapters, has_adapters, save_adapter
+from posttrain.models.lora import adapters_disabled, add_adapters, save_adapter
 from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.models.tiny import build_model
 from posttrain.sft.batching import Batch, collate_units, rank_order
+from posttrain.sft.checkpoint import load_state, save_state
 from posttrain.sft.dist import DistInfo, all_reduce_sum, init_distributed
 from posttrain.sft.objectives import SFTObjective, objective_for
 from posttrain.tracking import Tracker
@@ -346,61 +340,3 @@ def save_final(model, model_cfg: ModelConfig, tokenizer, base_model_dir, out_dir
             final.tie_weights()
         save_model(final, tokenizer, out_dir)
     dist.barrier()
-
-
-def _trained_state(model, optimizer) -> tuple[dict, dict]:
-    """(model, optimizer) state dicts to save or load. With LoRA the frozen base is not state: only the tensors
-    that train (and their optimizer moments) - not even a tied output head, which is the frozen embedding."""
-    msd, osd = get_state_dict(model, optimizer)
-    if has_adapters(model):
-        trained = {n.removeprefix("module.") for n, p in model.named_parameters() if p.requires_grad}
-        msd = {k: v for k, v in msd.items() if k in trained}
-    return msd, osd
-
-
-def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | None, info: DistInfo,
-               history: list[dict]) -> None:
-    """Every rank writes its part into step-N (torch.distributed.checkpoint: a path, or fsspec for a URL), then
-    rank 0 commits it by writing step-N/meta.json last and drops older folders. A folder without meta.json
-    (a kill while saving) is never loaded, and is cleared when that step is saved again."""
-    name = f"step-{step:07d}"
-    if info.rank == 0:
-        state.remove(name)
-    dist.barrier()
-    msd, osd = _trained_state(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=state.url(name))
-    write_file(state.url(name, f"rng-rank{info.rank}.pt"), lambda p: torch.save({"cpu_rng": torch.get_rng_state()}, p))
-    dist.barrier()
-    if info.rank == 0:
-        state.write_text(f"{name}/meta.json", json.dumps({"step": step, "wandb_id": wandb_id,
-                                                          "world_size": info.world_size, "history": history}))
-        for old in state.names("step-"):
-            if old != name:
-                state.remove(old)
-    dist.barrier()
-
-
-def load_state(state: StateDir, model, optimizer, stage: str = "sft") -> tuple[int, str | None, list[dict]]:
-    """Restore the newest committed state; returns (step to start from, wandb run id, per-step history so far:
-    empty for state saved before histories were kept). When it resumes, rank 0
-    prints `<stage>: resuming at step N of saved state <folder>` (N: the first step run now, as the metric lines
-    number it; steps before it are not redone)."""
-    done = [n for n in state.names("step-") if state.exists(f"{n}/meta.json")]
-    if not done:
-        return 0, None, []
-    last = done[-1]
-    meta = json.loads(state.read_text(f"{last}/meta.json"))
-    if meta["world_size"] != dist.get_world_size():
-        raise ValueError(f"saved SFT state {state.url(last)} was written by {meta['world_size']} ranks, not "
-                         f"{dist.get_world_size()}")
-    msd, osd = _trained_state(model, optimizer)
-    sd = {"model": msd, "optim": osd}
-    dcp.load(sd, checkpoint_id=state.url(last))
-    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
-                   options=StateDictOptions(strict=not has_adapters(model)))
-    rng = f"{last}/rng-rank{dist.get_rank()}.pt"
-    if state.exists(rng):
-        torch.set_rng_state(read_file(state.url(rng), lambda p: torch.load(p, weights_only=True))["cpu_rng"])
-    if dist.get_rank() == 0:
-        print(f"{stage}: resuming at step {meta['step']} of saved state {state.url(last)}", flush=True)
-    return meta["step"], meta.get("wandb_id"), meta.get("history", [])
