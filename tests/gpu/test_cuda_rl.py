@@ -99,6 +99,61 @@ for m in history:
 print("RESULT ok", torch.cuda.max_memory_allocated() / 2**20)
 """
 
+LORA_IN_POLICY = PREPARE + r"""
+import math
+import torch
+import torch.distributed as dist
+from posttrain.config import LoraConfig, PlacementConfig, RewardConfig, RLConfig
+from posttrain.data.examples import read_examples
+from posttrain.models.io import load_tokenizer
+from posttrain.rl.controller import Controller
+from posttrain.rl.remote import LocalActor
+from posttrain.rl.roles.policy import PolicyWorker
+from posttrain.rl.roles.policy_group import PolicyGroup
+from posttrain.rl.roles.registry import RunSettings, served_by_policy
+from posttrain.rl.roles.reward import RewardGroup, RewardWorker
+from posttrain.rl.state import PromptSampler
+
+class Keep:
+    def log(self, m): pass
+    def close(self, model_id=None, failed=False): pass
+
+LORA = ModelConfig(max_seq_len=32, dtype=MODEL.dtype, gradient_checkpointing=True,
+                   lora=LoraConfig(rank=8, alpha=16.0))
+rl = RLConfig(steps=3, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=6, top_p=0.95, top_k=50,
+              kl_coef=0.01, checkpoint_every=0, micro_batch_size=32, remote_timeout_s=300, lr=1e-3)
+md = str(d / "model")
+policy = PolicyWorker(md, rl, 0, 1, model_cfg=LORA)
+reward = RewardWorker(RewardConfig(), 0, 1)
+t = rl.remote_timeout_s
+pg = PolicyGroup([LocalActor(policy)], [policy.identity()], t, rl.micro_batch_size, seed=rl.seed, generates=True)
+pg.setup()
+groups = {"reward": RewardGroup([LocalActor(reward)], [reward.identity()], t), "policy": pg}
+settings = RunSettings(rl=rl, reward=RewardConfig(), placement=PlacementConfig(rollout_workers=0), model=LORA,
+                       start_model_dir=md)
+groups.update(served_by_policy(settings, groups))
+assert groups["rollout"].workers == pg.workers and groups["reference"].workers == pg.workers  # no second copy
+sampler = PromptSampler(read_examples(d / "ds", "train"), load_tokenizer(md), prompts_per_step=rl.prompts_per_step,
+                        seed=rl.seed, max_prompt_len=LORA.max_seq_len - rl.max_new_tokens)
+history = Controller(rl, groups, sampler, Keep(), checkpointer=None).run(rl.steps)
+trained = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+assert trained and all("lora_" in n for n in trained), trained[:5]
+in_opt = sum(p.numel() for g in policy.opt.param_groups for p in g["params"])
+assert in_opt == sum(p.numel() for p in policy.model.parameters() if p.requires_grad), in_opt
+assert all(p.is_cuda == CUDA and p.dtype == torch.float32 for p in policy.model.parameters())
+assert dist.get_backend() == ("nccl" if CUDA else "gloo"), dist.get_backend()
+assert policy.model.is_gradient_checkpointing
+assert len(history) == 3 and pg.version == 3
+report = policy.load_weights(None, 3)  # what the sync checks: the checksum of the weights it generated with
+assert report.version == 3 and report.checksum == policy.checksum()
+for m in history:
+    flat = m.flat()
+    assert all(math.isfinite(v) for v in flat.values() if isinstance(v, float)), flat
+    print("STEP", {k: v for k, v in flat.items() if k in ("step", "reward_mean", "drift", "loss", "kl", "grad_norm")})
+assert history[-1].kl != 0.0  # the adapters moved the policy away from its base, the reference
+print("RESULT ok", torch.cuda.max_memory_allocated() / 2**20)
+"""
+
 THROUGH_RAY = PREPARE + r"""
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import PlacementConfig, RewardConfig, RLConfig
@@ -132,6 +187,15 @@ def _run(script: str, tmp_path: Path, device: str) -> str:
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_rl_steps_with_real_workers_in_process(tmp_path, device):
     out = _run(IN_PROCESS, tmp_path, device)
+    print(out[-1500:])
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("device", DEVICES)
+def test_lora_rl_steps_with_the_policy_generating_in_process(tmp_path, device):
+    """LoRA (bf16 autocast over fp32 adapters on CUDA) with the policy rank generating its own rollouts and the
+    base with adapters off as the KL reference: no rollout or reference model is loaded."""
+    out = _run(LORA_IN_POLICY, tmp_path, device)
     print(out[-1500:])
 
 
