@@ -38,12 +38,14 @@ from posttrain.data.prepare import prepare_dataset
 from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 from posttrain.sft import run_sft
 d, CUDA = Path(sys.argv[1]), sys.argv[2] == "cuda"
-prepare_dataset(DataConfig(num_examples=4000, num_digits=2, eval_size=100), d / "ds")
-train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
 MODEL = ModelConfig(max_seq_len=32, dtype=DType.BF16 if CUDA else DType.FP32, gradient_checkpointing=True)
-run_sft(model_cfg=MODEL, sft_cfg=SFTConfig(steps=400 if CUDA else 40, global_batch_size=128, micro_batch_size=128, nproc=1,
-        backend=Backend.AUTO, save_every=0), tracking_cfg=TrackingConfig(wandb=False, log_every=50),
-        dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
+if not (d / "model" / "config.json").exists():  # made once per device and pytest process (the `prepared` folder)
+    prepare_dataset(DataConfig(num_examples=4000, num_digits=2, eval_size=100), d / "ds")
+    train_tokenizer(tokenizer_training_texts(d / "ds"), 300, d / "tok")
+    run_sft(model_cfg=MODEL, sft_cfg=SFTConfig(steps=400 if CUDA else 40, global_batch_size=128, micro_batch_size=128,
+            nproc=1, backend=Backend.AUTO, save_every=0), tracking_cfg=TrackingConfig(wandb=False, log_every=50),
+            dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model",
+            state_dir=d / "state")
 """
 
 IN_PROCESS = PREPARE + r"""
@@ -173,6 +175,12 @@ print("RESULT ok")
 """
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """device -> a folder whose SFT model the in-process cases share (PREPARE makes it on first use)."""
+    return {d: tmp_path_factory.mktemp(f"gpu-rl-{d}") for d in ("cpu", "cuda")}
+
+
 def _run(script: str, tmp_path: Path, device: str) -> str:
     path = os.pathsep.join(x for x in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if x)
     env = {**os.environ, "PYTHONPATH": path, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
@@ -185,17 +193,17 @@ def _run(script: str, tmp_path: Path, device: str) -> str:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("device", DEVICES)
-def test_two_rl_steps_with_real_workers_in_process(tmp_path, device):
-    out = _run(IN_PROCESS, tmp_path, device)
+def test_two_rl_steps_with_real_workers_in_process(prepared, device):
+    out = _run(IN_PROCESS, prepared[device], device)
     print(out[-1500:])
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("device", DEVICES)
-def test_lora_rl_steps_with_the_policy_generating_in_process(tmp_path, device):
+def test_lora_rl_steps_with_the_policy_generating_in_process(prepared, device):
     """LoRA (bf16 autocast over fp32 adapters on CUDA) with the policy rank generating its own rollouts and the
     base with adapters off as the KL reference: no rollout or reference model is loaded."""
-    out = _run(LORA_IN_POLICY, tmp_path, device)
+    out = _run(LORA_IN_POLICY, prepared[device], device)
     print(out[-1500:])
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 from transformers import DynamicCache
@@ -178,17 +178,9 @@ def _generate_batch(model, prompts, max_new_tokens, sp: _Sampling, pad_id, gen, 
     return res
 
 
-def forward_response_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
-    """Teacher-forced logits for each response token. Returns (logits (B, R, V), targets (B, R), mask (B, R))
-    with R the longest response; the mask comes from lengths, never from token ids.
-
-    Layout: prompts left-padded so every response starts at the same column P, responses right-padded to R,
-    position ids counting real tokens only (as `generate` lays out its batch). The logits predicting the
-    response tokens are then the last R columns of the input for every row, so the model is asked for those
-    alone (`logits_to_keep`): the output projection runs on R positions instead of P + R - with a 49k-token
-    vocabulary and ~190-token prompts that is 4x less logits memory and ~15 % less compute in the policy's
-    forward and backward. The last response column is never an input (it is only a target)."""
-    device = next(model.parameters()).device
+def response_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
+    """The teacher-forced batch of `forward_response_logits` (see there), on the CPU: (input ids, attention mask,
+    position ids, targets (B, R), mask (B, R), R)."""
     B = len(prompt_ids)
     P = max(len(p) for p in prompt_ids)
     R = max(max(len(r) for r in response_ids), 1)
@@ -203,11 +195,31 @@ def forward_response_logits(model, prompt_ids: list[list[int]], response_ids: li
         targets[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         rmask[i, :len(r)] = True
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    kwargs = {"logits_to_keep": R} if _takes_logits_to_keep(model) else {}
+    return ids, att, pos, targets, rmask, R
+
+
+def forward_response_logits(model, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):
+    """Teacher-forced logits for each response token. Returns (logits (B, R, V), targets (B, R), mask (B, R))
+    with R the longest response; the mask comes from lengths, never from token ids.
+
+    Layout: prompts left-padded so every response starts at the same column P, responses right-padded to R,
+    position ids counting real tokens only (as `generate` lays out its batch). The logits predicting the
+    response tokens are then the last R columns of the input for every row, so the model is asked for those
+    alone (`logits_to_keep`): the output projection runs on R positions instead of P + R - with a 49k-token
+    vocabulary and ~190-token prompts that is 4x less logits memory and ~15 % less compute in the policy's
+    forward and backward. The last response column is never an input (it is only a target).
+    (`head_logprobs.response_logprobs` goes further: the head in chunks, on real response tokens only.)"""
+    device = next(model.parameters()).device
+    ids, att, pos, targets, rmask, R = response_layout(prompt_ids, response_ids, pad_id)
     # use_cache=False: a training-mode forward would otherwise build a KV cache nobody reads
     logits = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
-                   use_cache=False, **kwargs).logits[:, -R:]  # (B, R, V)
+                   use_cache=False, **keep_last(model, R)).logits[:, -R:]  # (B, R, V)
     return logits, targets.to(device), rmask.to(device)
+
+
+def keep_last(model, R: int) -> dict:
+    """The forward's keyword asking for the last R positions' outputs only, where the model takes it."""
+    return {"logits_to_keep": R} if _takes_logits_to_keep(model) else {}
 
 
 def _takes_logits_to_keep(model) -> bool:
@@ -215,7 +227,7 @@ def _takes_logits_to_keep(model) -> bool:
     return _forward_takes_logits_to_keep(type(getattr(model, "module", model)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _forward_takes_logits_to_keep(cls: type) -> bool:
     """Read once per model class: this runs on every micro-batch and every generation batch."""
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
@@ -225,12 +237,14 @@ def _forward_takes_logits_to_keep(cls: type) -> bool:
 def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], *, temperature: float,
                       batch_size: int = 256, pad_id: int, top_p: float = 1.0, top_k: int = 0) -> list[torch.Tensor]:
     """Per-token log-probs of each response under the model's sampling distribution (`sampling_logprobs` at
-    temperature / top_p / top_k), one fp32 CPU tensor per row."""
+    temperature / top_p / top_k), one fp32 CPU tensor per row; the output head in chunks
+    (`head_logprobs.response_logprobs`), so no (rows x R x vocabulary) logits exist at once."""
+    from posttrain.models.head_logprobs import response_logprobs  # it builds on this module
+
     out = []
     for s in range(0, len(prompt_ids), batch_size):
-        logits, targets, _ = forward_response_logits(model, prompt_ids[s:s + batch_size],
-                                                     response_ids[s:s + batch_size], pad_id)
-        lp = sampling_logprobs(logits, targets, temperature, top_p, top_k).cpu()
+        lp = response_logprobs(model, prompt_ids[s:s + batch_size], response_ids[s:s + batch_size], pad_id,
+                               temperature=temperature, top_p=top_p, top_k=top_k)[0].cpu()
         for i, r in enumerate(response_ids[s:s + batch_size]):
             out.append(lp[i, :len(r)])
     return out

@@ -37,7 +37,9 @@ the run's peak 5.81 -> 5.32 GiB). After every update the rank hands malloc's fre
 during the update itself is the same).
 
 Log-probs (drift check, update) are those of the sampling distribution the rollout used: temperature, then
-rl.top_k / rl.top_p truncation, renormalised (posttrain.models.generate.sampling_logprobs).
+rl.top_k / rl.top_p truncation, renormalised (posttrain.models.generate.sampling_logprobs), with the output
+head applied in chunks of rows (posttrain.models.head_logprobs): no micro-batch's whole (tokens x vocabulary)
+logits, log-softmax or their gradients exist at once.
 
 Gates before the optimizer step. The drift check needs the policy's log-probs of the rollout's tokens at the
 version that sampled them; the update's first forward (epoch 0, before any optimizer step) computes exactly
@@ -61,12 +63,8 @@ import torch
 
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import DType, MismatchCorrection, ModelConfig, RLConfig
-from posttrain.models.generate import (
-    entropy_from_logits,
-    forward_response_logits,
-    sampling_logprobs,
-    sequence_logprobs,
-)
+from posttrain.models.generate import sequence_logprobs
+from posttrain.models.head_logprobs import response_logprobs
 from posttrain.models.io import (
     compute_dtype,
     enable_gradient_checkpointing,
@@ -210,14 +208,14 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
         """Forward, policy loss and backward of rows lo:hi of the shard; DDP all-reduces the gradients only when
         `sync` (the last micro-batch). With rl.mismatch_correction the ratio's old log-probs are the trainer's at
         the batch's version (`trainer_old` rows, else this forward's own: one pass over one mini-batch) and each
-        token's policy term carries its truncated importance weight. Returns (logits, log-probs, rollout
+        token's policy term carries its truncated importance weight. Returns (entropies, log-probs, rollout
         log-probs, mask, loss, loss stats)."""
         cfg = self.cfg
         with (self.net.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
-            with self._autocast():
-                logits, targets, mask = forward_response_logits(
-                    self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi], self.tok.pad_token_id)
-            logp = sampling_logprobs(logits, targets, cfg.temperature, cfg.top_p, cfg.top_k)  # (b, R) fp32
+            with self._autocast():  # (b, R) fp32, the output head in chunks (models.head_logprobs)
+                logp, ent, mask = response_logprobs(self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi],
+                                                    self.tok.pad_token_id, temperature=cfg.temperature,
+                                                    top_p=cfg.top_p, top_k=cfg.top_k)
             old = _pad(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
             ref = _pad(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
             rows = shard.advantages[lo:hi]
@@ -236,14 +234,13 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
             else:
                 loss, st = grpo.policy_loss(logp, ratio_old, adv, mask, clip_ratio_c=cfg.clip_ratio_c or None, **kw)
             (loss * self.world).backward()
-        return logits, logp, old, mask, loss, st
+        return ent, logp, old, mask, loss, st
 
-    def _record(self, sums: dict, logits, logp, old, mask, loss, st, *, scale: float = 1.0) -> tuple[float, float]:
+    def _record(self, sums: dict, ent, logp, old, mask, loss, st, *, scale: float = 1.0) -> tuple[float, float]:
         """Add a first-epoch micro-batch's loss statistics and entropy to `sums`; return its drift sum
         (|policy - rollout| log-prob over its tokens) and token count."""
         with torch.no_grad():
             drift = float(((logp.detach() - old).abs() * mask).sum())
-            ent = entropy_from_logits(logits.detach(), self.cfg.temperature)
         k = st.tokens
         sums["loss"] += float(loss.detach()) * scale  # mini-batches: the mean of their losses
         sums["pg"] += st.pg_loss * k
