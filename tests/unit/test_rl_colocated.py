@@ -102,6 +102,9 @@ def test_with_lora_the_policy_generates_through_its_adapters_and_learns(folders,
      "needs rl.rollout_backend 'transformers'"),
     ({"placement": {"rollout_workers": 0, "mode": "split"}}, "placement.mode", "the policy ranks generate"),
     ({"placement": {"rollout_workers": -1}}, "placement.rollout_workers", "must be >= 0"),
+    ({"rl": {"policy_generate_batch": 16}}, "rl.policy_generate_batch", "but placement.rollout_workers is 1"),
+    ({"placement": {"rollout_workers": 0}, "rl": {"policy_generate_batch": -1}}, "rl.policy_generate_batch",
+     "must be >= 0"),
 ])
 def test_settings_the_policy_cannot_generate_with_are_refused(overrides, field, message, monkeypatch):
     from posttrain.config import ConfigError, checks
@@ -121,3 +124,23 @@ def test_with_rollout_workers_0_no_rollout_workers_start():
     s = RunSettings(rl=cfg.rl, reward=cfg.reward, placement=cfg.placement, model=cfg.model, start_model_dir="x")
     assert "rollout" not in role_counts(s) and role_counts(s)["policy"] == 2
     assert PlacementConfig().rollout_workers == 1  # separate rollout workers stay the default
+
+
+def test_policy_generate_batch_bounds_the_rows_a_policy_rank_generates_at_once(folders, world_of_one, monkeypatch):
+    """rl.policy_generate_batch reaches the policy rank's generate (its KV cache holds that many rows at a time);
+    the run is otherwise as before: every step's rollout has all of its rows, from the right version."""
+    from posttrain.models import generate as gen_module
+    from posttrain.rl.roles import policy_weights
+
+    seen = []
+
+    def spy(*args, batch_size, **kw):
+        seen.append(batch_size)
+        return gen_module.generate(*args, batch_size=batch_size, **kw)
+
+    monkeypatch.setattr(policy_weights, "generate", spy)
+    cfg = RLConfig(**{**CFG.__dict__, "steps": 3, "policy_generate_batch": 8})
+    run = _run(folders, cfg, ModelConfig(), generates=True)
+    assert seen == [8] * cfg.steps
+    assert [len(b.response_ids) for b in run["rollout"].batches] == [cfg.prompts_per_step * cfg.samples_per_prompt] * 3
+    assert [b.policy_version for b in run["rollout"].batches] == [0, 1, 2]

@@ -307,6 +307,10 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
         _check(p.mode == PlacementMode.COLOCATED, "placement.mode",
                "'split' gives rollout workers devices of their own, but placement.rollout_workers is 0 "
                "(the policy ranks generate)")
+    _check(r.policy_generate_batch >= 0, "rl.policy_generate_batch", "must be >= 0 (0: all rows at once)")
+    _check(r.policy_generate_batch == 0 or p.rollout_workers == 0, "rl.policy_generate_batch",
+           f"sizes the policy ranks' own generation, but placement.rollout_workers is {p.rollout_workers}: rollout "
+           "workers generate (set placement.rollout_workers 0, or leave rl.policy_generate_batch 0)")
     _check(p.reference_workers >= 1, "placement.reference_workers", "must be >= 1")
     _check(p.reward_workers >= 1, "placement.reward_workers", "must be >= 1")
     _check(p.critic_workers >= 0, "placement.critic_workers", "must be >= 0 (0: as many as policy_workers)")

@@ -99,6 +99,10 @@ class RLConfig:
     permutation per version), each one step (PPO's mini-batches; the policy and, in PPO, the critic)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward on one policy rank."""
+    policy_generate_batch: int = 0
+    """With placement.rollout_workers 0: rows (prompt x sample) a policy rank generates at once; their KV cache
+    lives in the rank that also holds the update (SmolLM2-135M, 64 rows x ~100 tokens: ~0.45 GiB at once,
+    ~0.23 GiB in batches of 32). 0: all of the rank's rows at once."""
     clip_low: float = 0.2
     """Lower clip range: ratio >= 1 - clip_low."""
     clip_high: float = 0.28

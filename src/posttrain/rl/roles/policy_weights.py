@@ -57,7 +57,8 @@ class PolicyWeights:
             with self._autocast(), torch.no_grad():
                 gens = generate(self.model, prompts.prompt_ids, max_new_tokens=max_new_tokens,
                                 temperature=temperature, n=n, eos_id=self.eos_ids, pad_id=self.tok.pad_token_id,
-                                seed=seed + 7919 * self.rank, batch_size=512, top_p=top_p, top_k=top_k)
+                                seed=seed + 7919 * self.rank, batch_size=self.cfg.policy_generate_batch or 512,
+                                top_p=top_p, top_k=top_k)
         finally:
             self.model.train()
         return_free_memory()  # the KV cache's pages back to the OS before the update allocates its own
