@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/rl_lora.py                    # small_instruct_cpu on SmolLM2-135M-Instruct, 5 steps each
     .venv/bin/python bench/rl_lora.py --steps 3 --pairs 2 --lora '{"rank": 8}' --runs full,lora
+    .venv/bin/python bench/rl_lora.py --runs full,lora_in_policy --in-policy-overrides '{"rl": {"policy_generate_batch": 32}}'
     .venv/bin/python bench/rl.py --sections lora         # the same, as a section of the RL benchmarks
 
 Each run is `bench/rl_memory.py` in its own process (its own local Ray, PSS of every process of the run sampled
@@ -55,20 +56,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--lora", default="{}", help="model.lora as JSON (default {}: rank 16, alpha 32, attention+MLP)")
     ap.add_argument("--overrides", default="{}", help="JSON overrides of small_instruct_cpu for every run")
+    ap.add_argument("--in-policy-overrides", default="{}",
+                    help='JSON overrides for the *_in_policy runs only (e.g. {"rl": {"policy_generate_batch": 32}})')
     ap.add_argument("--runs", default=",".join(RUNS), help=f"which runs, in this order (of {','.join(RUNS)}); "
                     "full must be one of them: the ratios are against it")
     args = ap.parse_args(argv)
-    lora, extra = json.loads(args.lora), json.loads(args.overrides)
+    lora, extra, in_policy = json.loads(args.lora), json.loads(args.overrides), json.loads(args.in_policy_overrides)
     runs = args.runs.split(",")
     if "full" not in runs or not set(runs) <= set(RUNS):
         raise SystemExit(f"--runs {args.runs}: must name full and only runs of {RUNS}")
     rows = []
     for pair in range(args.pairs):
         for name in runs:
-            r = one(args.steps, lora if name.startswith("lora") else None, extra, name.endswith("_in_policy"))
+            over = extra
+            if name.endswith("_in_policy"):
+                over = {k: dict(v) if isinstance(v, dict) else v for k, v in extra.items()}
+                for section, fields in in_policy.items():
+                    over.setdefault(section, {}).update(fields)
+            r = one(args.steps, lora if name.startswith("lora") else None, over, name.endswith("_in_policy"))
             rows.append({"pair": pair + 1, "run": name, **r})
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\nRL on {rows[0]['model']} ({rows[0]['recipe']}), {args.steps} steps per run, model.lora {args.lora}")
+    print(f"\nRL on {rows[0]['model']} ({rows[0]['recipe']}), {args.steps} steps per run, model.lora {args.lora}"
+          + (f", overrides {args.overrides}" if extra else "")
+          + (f", *_in_policy runs also {args.in_policy_overrides}" if in_policy else ""))
     print("| pair | run | peak summed PSS (GiB) | policy peak (GiB) | rollout peak (GiB) | step s (median 2..N) | "
           "update s | rollout s |")
     print("|---|---|---|---|---|---|---|---|")
