@@ -14,7 +14,8 @@ What it does, as a user would with their own model, data and scorer:
 3. writes the reward (`rg_reward:score`, `--reward`): reasoning-gym's own scorer for the row
    (`get_score_answer_fn(metadata["source_dataset"])`), given the completion's last number (`number`, the
    default) or the completion as it is (`raw`: 1.0 only for exactly the answer, `len(answer) / len(completion)`
-   for an answer inside other words - "The answer is 8." scores 0.06); evaluation counts a score >= 1.0 as
+   for an answer inside other words - "The answer is 8." scores 0.06; `shaped`: half of each, so only the bare
+   answer scores 1.0 and a right number inside a sentence about half); evaluation counts a score >= 1.0 as
    correct;
 4. runs `pyflyte run workflows/pipeline.py pipeline` from the SmolLM2 folder with `sft.enabled: false` (RL
    straight from the folder), one seed at a time, each in a fresh store, and reads the held-out greedy
@@ -29,6 +30,11 @@ Measured (2026-11-26, bench/results/real-model-2026-11-26.txt): NOT made better.
 0.000 before; the mean reward stayed at 0.002-0.008 for 7 steps (the model answers "The answer is 5." and a
 bare number is rare enough that the partial credit barely moves it), stopped there. 2 terms of 1-2 digits:
 greedy 0.027 before RL (the model cannot add two-digit numbers), stopped after the evaluation.
+`--split held_out_first` (the task's own mix: 110 two-term and 146 three-term problems held out), folder greedy
+0.227: with rollouts at temperature 0.5 (`--overrides '{"rl": {"temperature": 0.5}}'`; sampled accuracy 0.19
+and pass@8 0.53 before RL) the train accuracy stayed at 0.13 on average over 19 steps while the entropy fell
+0.45 -> 0.12, stopped there; `--reward shaped` at temperature 0.8: no completion was exactly the answer in 9
+steps and the responses grew longer, stopped there. Per-step figures: the results file.
 """
 
 from __future__ import annotations
@@ -67,6 +73,21 @@ def score(completion, answer, metadata):
     found = NUMBER.findall(completion.replace(",", ""))
     return get_score_answer_fn(metadata["source_dataset"])(found[-1] if found else None,
                                                           {"answer": answer, "metadata": metadata})
+''',
+    "shaped": '''"""Reward for reasoning-gym rows, reasoning-gym's own scorer twice: half for the completion's last number, half
+for the completion as it is (1.0 only for exactly the answer). 1.0 - what evaluation counts as correct - is only the
+answer and nothing else; a right number inside a sentence gets about half."""
+import re
+
+from reasoning_gym import get_score_answer_fn
+
+NUMBER = re.compile(r"-?\\d+(?:\\.\\d+)?")
+
+
+def score(completion, answer, metadata):
+    fn, entry = get_score_answer_fn(metadata["source_dataset"]), {"answer": answer, "metadata": metadata}
+    found = NUMBER.findall(completion.replace(",", ""))
+    return 0.5 * fn(found[-1] if found else None, entry) + 0.5 * fn(completion.strip(), entry)
 ''',
     "raw": '''"""Reward for reasoning-gym rows: reasoning-gym's own scorer for the row's dataset, on the completion as it is
 (1.0 for exactly the answer; an answer inside other words gets len(answer) / len(completion))."""
