@@ -112,15 +112,16 @@ def engines_section(models: list[str], steps: int) -> None:
                   f"step time x{vl['step_s'] / hf['step_s']:.2f}")
 
 
-def trl_section(steps: int | None, threads: int) -> None:
+def trl_section(steps: int | None, threads: int, lora: bool = False) -> None:
     import rl_vs_trl
 
-    res = rl_vs_trl.compare(steps, threads)  # run_rl starts (and stops) its own Ray: none left up during TRL
+    res = rl_vs_trl.compare(steps, threads, lora)  # run_rl starts (and stops) its own Ray: none left up during TRL
     rl, (g0, s0) = res["rl"], res["start"]
     rows = res["rows"]
     print(f"\n## trl: tiny_cpu SFT model -> GRPO, {rl.steps} steps x {rl.prompts_per_step} prompts x "
           f"{rl.samples_per_prompt} samples x <= {rl.max_new_tokens} new tokens, lr {rl.lr:g} (warm-up "
           f"{rl.warmup_steps}), clip {rl.clip_low}/{rl.clip_high}, kl {rl.kl_coef:g}, {rl.loss_agg.value}; "
+          + (f"LoRA adapters on both sides ({res['lora']}); " if res["lora"] else "") +
           f"held-out {res['recipe'].eval.num_problems} problems, sampled k={res['recipe'].eval.k}")
     print("| trainer | greedy start -> after (gain) | sampled start -> after (gain) | RL loop s | generated tokens | "
           "tokens/s | median step s | with set-up s | tokens/s with set-up |")
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="tiny,smollm2", help="engines section: tiny, smollm2")
     ap.add_argument("--trl-steps", type=int, default=0, help="trl section: RL steps (0: the recipe's own, 100)")
     ap.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
+    ap.add_argument("--trl-lora", action="store_true", help="trl section: both train LoRA adapters (peft)")
     ap.add_argument("--ppo-steps", type=int, default=0, help="ppo section: RL steps (0: the recipes' own, 100)")
     ap.add_argument("--ppo-reps", type=int, default=3, help="ppo section: GRPO/PPO pairs of runs, in turn")
     ap.add_argument("--cluster-steps", type=int, default=20, help="cluster section: RL steps per run")
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "engines":
             engines_section(args.models.split(","), args.engine_steps)
         elif name == "trl":
-            trl_section(args.trl_steps or None, args.trl_threads)
+            trl_section(args.trl_steps or None, args.trl_threads, args.trl_lora)
         elif name == "ppo":
             ppo_section(args.ppo_steps or None, args.ppo_reps)
         elif name == "cluster":

@@ -6,7 +6,8 @@ installs TRL into first on PYTHONPATH), started by bench/rl_vs_trl.py as a subpr
     PYTHONPATH=<cache>/trl-1.16.0 .venv/bin/python bench/rl_trl.py IN.json OUT.json
 
 IN.json: {model_dir, out_dir, threads, seed, rl: the project's RLConfig as a dict, prompts: [{text, ids, answer,
-task}] - the project's PromptSampler order, steps x prompts_per_step rows}. OUT.json: {wall_s (train() only),
+task}] - the project's PromptSampler order, steps x prompts_per_step rows, lora: the project's LoraConfig as a
+dict or null}. OUT.json: {wall_s (train() only),
 generated_tokens (completion tokens up to and including EOS, counted in the reward function from TRL's
 EOS-masked completion ids), step_s (per optimizer step), reward_mean per step, versions}. The final model is
 saved with the project's `save_model` (safetensors) to out_dir/model.
@@ -69,10 +70,12 @@ def grpo_config(spec: dict):
 
 
 def project_optimizer(model, rl: dict):
-    """The project's policy optimizer and warm-up: AdamW(betas 0.9/0.99, eps 1e-8, no decay), lr x min(1, (u+1)/w)."""
+    """The project's policy optimizer and warm-up: AdamW(betas 0.9/0.99, eps 1e-8, no decay), lr x min(1, (u+1)/w),
+    over the parameters that train (with LoRA: the adapters)."""
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=rl["lr"], betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=rl["lr"], betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
     warm = rl["warmup_steps"]
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if warm <= 0 else min(1.0, (s + 1) / warm))
 
@@ -124,6 +127,13 @@ def main(in_path: str, out_path: str) -> int:
     for p in prompts:  # TRL tokenizes a text prompt with processing_class(text=...): it must give the same ids
         if tok(text=p["text"])["input_ids"] != p["ids"]:
             raise SystemExit(f"prompt tokenization differs from the project's: {p['text']!r}")
+    if spec.get("lora"):  # the project's model.lora as peft's config; TRL's reference is then the adapters-off base
+        from peft import LoraConfig, get_peft_model
+
+        lo = spec["lora"]
+        model = get_peft_model(model, LoraConfig(r=lo["rank"], lora_alpha=lo["alpha"], lora_dropout=lo["dropout"],
+                                                 target_modules=lo["target_modules"], bias="none",
+                                                 task_type="CAUSAL_LM"))
     args, counted, clock = grpo_config(spec), {"tokens": 0, "rewards": []}, step_clock()
     data = Dataset.from_list([{"prompt": p["text"], "answer": p["answer"], "task": p["task"]} for p in prompts])
     trainer = GRPOTrainer(model=model, reward_funcs=counting_verifier(tok, counted), args=args, train_dataset=data,
@@ -134,10 +144,12 @@ def main(in_path: str, out_path: str) -> int:
     clock.t = t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
-    save_model(trainer.model, tok, Path(spec["out_dir"]) / "model")
+    final = trainer.model.merge_and_unload() if spec.get("lora") else trainer.model  # a plain model to score
+    save_model(final, tok, Path(spec["out_dir"]) / "model")
     out = {"wall_s": wall, "generated_tokens": counted["tokens"], "step_s": clock.steps,
            "reward_mean": counted["rewards"], "torch_threads": torch.get_num_threads(),
-           "versions": {p: md.version(p) for p in ("trl", "accelerate", "transformers", "torch")}}
+           "versions": {p: md.version(p) for p in ("trl", "accelerate", "transformers", "torch", "peft")},
+           "trained_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)}
     Path(out_path).write_text(json.dumps(out))
     return 0
 

@@ -12,6 +12,11 @@
    first on PYTHONPATH, on the same prompts in the same order (JSON in, JSON out; settings mapped there).
 4. Both final models and the start model are scored by the project's own evaluation (stages.evaluate: the
    recipe's eval settings, greedy and k sampled, on the same held-out split).
+
+With `lora` (bench/rl.py --trl-lora) both train LoRA adapters instead of every weight: the project with
+`model.lora` (LORA below) at the grpo_lora settings of bench/algorithms.py (lr 1e-3, no warm-up), TRL with the
+same peft LoraConfig (rank, alpha, dropout, target modules) on a PeftModel and an optimizer over its adapters
+only; both take KL (if any) against the base with adapters off, and TRL's model is merged before it is scored.
 """
 
 from __future__ import annotations
@@ -75,6 +80,12 @@ def install_trl() -> Path:
     return target
 
 
+LORA = {"rank": 16, "alpha": 32.0, "dropout": 0.0}
+"""The adapters of both sides with --trl-lora (target modules: LoraConfig's default, attention and MLP)."""
+LORA_RL = {"lr": 1e-3, "warmup_steps": 0}
+"""The RL settings that change with LoRA (bench/algorithms.py's grpo_lora)."""
+
+
 def run_project(recipe, rl_cfg, store, model_ref, ds_ref) -> dict:
     from posttrain.config import TrackingConfig
     from posttrain.rl.run import run_rl
@@ -119,7 +130,8 @@ def run_trl(recipe, rl_cfg, store, model_ref, ds_ref, threads: int) -> dict:
     model_dir = store.get(model_ref)
     with tempfile.TemporaryDirectory(prefix="bench-rl-trl-") as tmp:
         spec = {"model_dir": str(model_dir), "out_dir": tmp, "threads": threads, "seed": rl_cfg.seed,
-                "rl": to_dict(rl_cfg), "prompts": trl_prompts(recipe, rl_cfg, model_dir, store.get(ds_ref))}
+                "rl": to_dict(rl_cfg), "prompts": trl_prompts(recipe, rl_cfg, model_dir, store.get(ds_ref)),
+                "lora": to_dict(recipe.model.lora) if recipe.model.lora else None}
         (Path(tmp) / "in.json").write_text(json.dumps(spec))
         env = {**os.environ, "PYTHONPATH": str(site), "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
                "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}  # no hub here; TRL pings telemetry otherwise
@@ -135,16 +147,19 @@ def run_trl(recipe, rl_cfg, store, model_ref, ds_ref, threads: int) -> dict:
             "torch_threads": out["torch_threads"]}
 
 
-def compare(steps: int | None = None, threads: int = 2) -> dict:
+def compare(steps: int | None = None, threads: int = 2, lora: bool = False) -> dict:
     """Both runs and their evaluations; returns the rows bench/rl.py prints."""
     from posttrain import stages
     from posttrain.artifacts import ArtifactStore
+    from posttrain.config import LoraConfig
     from posttrain.recipes import tiny_cpu
 
     recipe = tiny_cpu()
-    rl_cfg = replace(recipe.rl, checkpoint_every=0, **({"steps": steps} if steps else {}))
     store = ArtifactStore(cache_dir() / "store")
-    model_ref, ds_ref = start_checkpoint(recipe, store)
+    model_ref, ds_ref = start_checkpoint(recipe, store)  # the recipe's SFT model (fully trained) on both sides
+    rl_cfg = replace(recipe.rl, checkpoint_every=0, **({"steps": steps} if steps else {}), **(LORA_RL if lora else {}))
+    if lora:
+        recipe = replace(recipe, model=replace(recipe.model, lora=LoraConfig(**LORA)))
 
     def acc(ref):
         e = stages.evaluate(recipe.eval, recipe.reward, model=ref, dataset=ds_ref, run_id="bench-rl-trl", store=store)
@@ -160,7 +175,7 @@ def compare(steps: int | None = None, threads: int = 2) -> dict:
         r["tok_s"] = r["tokens"] / r["wall_s"]
         r["median_step_s"] = statistics.median(r["step_s"])
         rows[name] = r
-    return {"recipe": recipe, "rl": rl_cfg, "start": start, "rows": rows}
+    return {"recipe": recipe, "rl": rl_cfg, "start": start, "rows": rows, "lora": recipe.model.lora}
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--sft"]:
