@@ -204,8 +204,9 @@ def small_instruct_lora_cpu() -> PipelineConfig:
       wrong, which gives GRPO no signal; rl.max_new_tokens 24 and eval.max_new_tokens 24 for short answers.
     - eval.k 0: greedy only (k 4 made the evaluation of 256 problems take 5 min instead of 40 s).
     - rl.policy_generate_batch 32: the policy rank generates its 64 rows in two batches, so their KV cache
-      needs ~0.16 GiB instead of ~0.44 at a ~7% longer rollout (bench/policy_phases.py); with it the run
-      peaks at 2.88 GiB summed PSS against 5.13 for full fine-tuning, step x0.94 (bench/rl_lora.py).
+      needs ~0.16 GiB instead of ~0.44 at a ~7% longer rollout (bench/policy_phases.py); with it two runs
+      peaked at 2.88 and 3.07 GiB summed PSS against 5.13 and 5.25 for full fine-tuning, steps x0.94 and x0.82
+      (bench/rl_lora.py).
 
     Measured with bench/real_model.py (reasoning-gym chain_sum, one-digit terms, seed 0): 30 steps took
     26.4 min in all and moved held-out greedy accuracy 0.129 -> 0.137 - the recipe runs, but did not make this
