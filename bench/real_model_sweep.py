@@ -1,0 +1,240 @@
+"""RL settings for a real model, tried fast: each config in its own process (no Ray, no Flyte), the held-out
+greedy accuracy every few steps - to find a recipe in minutes (on a lent GPU) before bench/real_model.py judges it
+through the pipeline on this machine.
+
+    .venv/bin/python bench/real_model_sweep.py --out /tmp/sweep --prepare-only          # task + dataset, here
+    .venv/bin/python bench/real_model_sweep.py --out /tmp/sweep --steps 60 --parallel 4 \\
+        --configs '[{"name": "lr1e-4", "rl": {"lr": 1e-4}}, {"name": "T0.7", "rl": {"temperature": 0.7}}]'
+    ... --gguf FILE --tools DIR      # where no model folder exists: de-quantise the GGUF as `make real-model` does
+
+What it runs is the pipeline's RL in-process, as tests/gpu does: the real PolicyWorker (LoRA, generating its own
+rollouts) and RewardWorker driven by the real Controller, from the recipe (`--recipe`, default
+small_instruct_lora_cpu) with each config's overrides (`rl.*`, `model.lora`, ...). Data: bench/real_model.py's task
+(reasoning-gym chain_sum, `--split held_out_first`), prepared by posttrain.data.prepare. The reward is reward
+`number`'s rule in plain Python - the completion's last number equals the answer as a decimal, which is what
+reasoning-gym's chain_sum scorer computes for it (`compute_decimal_reward`) - so it runs where reasoning-gym is not
+installed (the GPU machine). Evaluation: greedy on the first --eval-n held-out problems with the policy's own
+model (adapters applied), the recipe's eval.max_new_tokens; correct when the reward is 1.0.
+
+Prints one JSON line per evaluation: config name, step, held-out greedy accuracy, and the mean train accuracy,
+entropy and response length over the steps since the last evaluation (each config's log in OUT/logs also has every
+step). Not a substitute for bench/real_model.py: no Flyte, no merged-model evaluation, and a GPU's float rounding is
+not this CPU's. Its step-0 accuracy is the pipeline's: 0.227 on the 256 held-out problems, as the pipeline's
+evaluation of the folder.
+
+Measured (2026-11-26, bench/results/real-model-sweep-gpu-2026-11-26.txt): on the lent H200 the GGUF was brought in
+two calls (FACTS' recipe for large files) and de-quantised there to the same weights (fingerprint equal). 16 configs
+at once (--parallel 16 --threads 1) ran ~22 s per step each - processes time-share one GPU, so run a few at a time -
+and the call's limit stopped them at step 10: held-out greedy 0.227 -> 0.219..0.297 (mean 0.254), no config clearly
+apart from the others at that point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def number_score(completion: str, answer: str, metadata: dict) -> float:
+    """1.0 when the completion's last number equals the answer as a decimal (reward `number` for chain_sum)."""
+    found = NUMBER.findall(completion.replace(",", ""))
+    try:
+        return float(bool(found) and Decimal(found[-1]) == Decimal(str(answer).replace(",", "")))
+    except InvalidOperation:
+        return 0.0
+
+
+DEQUANTISE = r"""
+import sys, torch
+from pathlib import Path
+sys.path.append(sys.argv[3])  # gguf's reader; the environment's torch/transformers win
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+gguf, out = Path(sys.argv[1]), Path(sys.argv[2])
+model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+model.hf_quantizer = None
+if hasattr(model.config, "quantization_config"):
+    del model.config.quantization_config
+model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                           pad_token_id=tok.pad_token_id)
+model.save_pretrained(out, safe_serialization=True)
+tok.model_max_length = model.config.max_position_embeddings
+tok.save_pretrained(out)
+"""
+
+
+def fingerprint(model_dir: Path) -> str:
+    """sha256 over the folder's tensors (names sorted, raw bytes): equal for equal weights whatever wrote the file."""
+    import hashlib
+
+    from safetensors.torch import load_file
+    h = hashlib.sha256()
+    for name, t in sorted(load_file(str(model_dir / "model.safetensors")).items()):
+        h.update(name.encode() + t.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def prepare(out: Path, recipe: str, model_dir: Path) -> Path:
+    """out/task (train/test jsonl, via bench/real_model.py and reasoning-gym) and out/ds (the prepared dataset)."""
+    ds = out / "ds"
+    if (ds / "train.jsonl").exists():
+        return ds
+    sys.path.insert(0, str(HERE))
+    import real_model
+
+    from posttrain.data.prepare import prepare_dataset
+    from posttrain.recipes import resolve
+
+    task = real_model.build_task(out / "task", real_model.install_reasoning_gym(), 2000, 256, "number",
+                                 "held_out_first")
+    cfg = resolve(recipe, real_model.overrides(task, {"model": {"base_path": str(model_dir)}}))
+    prepare_dataset(cfg.data, ds, require_completions=False)
+    return ds
+
+
+def one(spec: dict, args) -> None:
+    """One config's run, in this process: prints JSON lines."""
+    import torch
+
+    from posttrain.data.chat import encode_prompt
+    from posttrain.data.examples import prompt_messages, read_examples
+    from posttrain.models.generate import generate
+    from posttrain.models.io import load_tokenizer
+    from posttrain.recipes import resolve
+    from posttrain.rl.controller import Controller
+    from posttrain.rl.remote import LocalActor
+    from posttrain.rl.roles.policy import PolicyWorker
+    from posttrain.rl.roles.policy_group import PolicyGroup
+    from posttrain.rl.roles.registry import RunSettings, served_by_policy
+    from posttrain.rl.roles.reward import RewardGroup, RewardWorker
+    from posttrain.rl.state import PromptSampler
+
+    class Keep:
+        def log(self, m): pass
+        def close(self, model_id=None, failed=False): pass
+
+    over = {k: v for k, v in spec.items() if k != "name"}
+    over["model"] = {**over.get("model", {}), "base_path": str(args.model)}
+    over["reward"] = {"fn": "real_model_sweep:number_score", "python_path": [str(HERE)]}
+    over["rl"] = {**over.get("rl", {}), "steps": args.steps, "checkpoint_every": 0}
+    cfg = resolve(args.recipe, over)
+    rl, md = cfg.rl, str(args.model)
+    policy = PolicyWorker(md, rl, 0, 1, model_cfg=cfg.model, threads=args.threads)
+    reward = RewardWorker(cfg.reward, 0, 1)
+    t = rl.remote_timeout_s
+    pg = PolicyGroup([LocalActor(policy)], [policy.identity()], t, rl.micro_batch_size, mini_batches=rl.mini_batches,
+                     seed=rl.seed, generates=True)  # as registry's policy group arguments
+    pg.setup()
+    groups = {"reward": RewardGroup([LocalActor(reward)], [reward.identity()], t), "policy": pg}
+    settings = RunSettings(rl=rl, reward=cfg.reward, placement=cfg.placement, model=cfg.model, start_model_dir=md)
+    groups.update(served_by_policy(settings, groups))
+    tok = load_tokenizer(md)
+    ds = args.out / "ds"
+    sampler = PromptSampler(read_examples(ds, "train"), tok, prompts_per_step=rl.prompts_per_step, seed=rl.seed,
+                            max_prompt_len=cfg.model.max_seq_len - rl.max_new_tokens)
+    held = read_examples(ds, "eval")[: args.eval_n]
+    prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in held]
+
+    def accuracy() -> float:
+        policy.model.eval()
+        with torch.no_grad():
+            gens = generate(policy.model, prompts, max_new_tokens=cfg.eval.max_new_tokens, temperature=0.0, n=1,
+                            eos_id=policy.eos_ids, pad_id=tok.pad_token_id, batch_size=256)
+        policy.model.train()
+        return sum(number_score(tok.decode(g.response_ids, skip_special_tokens=True), ex["answer"], {}) >= 1.0
+                   for g, ex in zip(gens, held)) / len(held)
+
+    ctrl = Controller(rl, groups, sampler, Keep(), checkpointer=None)
+    ctrl.start()
+    t0, since = time.perf_counter(), []
+    name = spec.get("name", json.dumps(over.get("rl", {})))
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0 or step == args.steps:
+            print(json.dumps({"name": name, "step": step, "greedy": accuracy(), "train_acc": _mean(since, "accuracy"),
+                              "entropy": _mean(since, "entropy"), "len": _mean(since, "response_len_mean"),
+                              "s": round(time.perf_counter() - t0, 1)}), flush=True)
+            since = []
+        if step < args.steps:
+            since.append(ctrl.step())
+            m = since[-1]  # every step in the config's log (kept when a time limit cuts the run short)
+            print(f"step {m.step} acc {m.accuracy:.3f} entropy {m.entropy:.3f} len {m.response_len_mean:.1f} "
+                  f"{m.step_s:.1f}s", flush=True)
+
+
+def _mean(metrics: list, key: str) -> float | None:
+    return round(sum(getattr(m, key) for m in metrics) / len(metrics), 4) if metrics else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="work folder: task/, ds/, model/ (made when absent)")
+    ap.add_argument("--model", type=Path, default=None, help="HF folder (default: the `make real-model` folder)")
+    ap.add_argument("--gguf", type=Path, default=None, help="de-quantise this GGUF into OUT/model first")
+    ap.add_argument("--tools", type=Path, default=None, help="folder with the `gguf` package (for --gguf)")
+    ap.add_argument("--fingerprint", default=None, help="expected fingerprint() of the model (sha256 of tensors)")
+    ap.add_argument("--recipe", default="small_instruct_lora_cpu")
+    ap.add_argument("--configs", default='[{"name": "recipe"}]', help="JSON list of overrides (+ optional name)")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-n", type=int, default=256)
+    ap.add_argument("--parallel", type=int, default=1, help="configs run at once, each its own process")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per config process")
+    ap.add_argument("--prepare-only", action="store_true")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one is not None:
+        one(json.loads(args.one), args)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.gguf is not None and not (args.out / "model" / "model.safetensors").exists():
+        p = subprocess.run([sys.executable, "-c", DEQUANTISE, str(args.gguf), str(args.out / "model"), str(args.tools)],
+                           capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        if p.returncode != 0:
+            raise SystemExit(f"de-quantising {args.gguf} failed:\n{p.stderr[-3000:]}")
+    if args.model is None:
+        from posttrain.models.smollm2 import default_dir
+        args.model = args.out / "model" if args.gguf is not None else default_dir()
+    if args.fingerprint is not None:  # a different model is reported, not refused: step 0's accuracy shows it
+        got = fingerprint(args.model)
+        print(f"fingerprint {got}: {'as expected' if got == args.fingerprint else 'NOT the expected ' + args.fingerprint}",
+              flush=True)
+    if args.prepare_only or not (args.out / "ds" / "train.jsonl").exists():
+        prepare(args.out, args.recipe, args.model)
+        print(f"fingerprint {fingerprint(args.model)}; dataset {args.out / 'ds'}", flush=True)
+        if args.prepare_only:
+            return 0
+    configs, running, failed = json.loads(args.configs), [], []
+    common = ["--out", str(args.out), "--model", str(args.model), "--recipe", args.recipe, "--steps", str(args.steps),
+              "--eval-every", str(args.eval_every), "--eval-n", str(args.eval_n), "--threads", str(args.threads)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    while configs or running:
+        while configs and len(running) < args.parallel:  # each child writes to its own log (no pipe to fill)
+            spec = configs.pop(0)
+            log = args.out / "logs" / f"{len(failed) + len(running)}-{time.time_ns()}.txt"
+            log.parent.mkdir(exist_ok=True)
+            with open(log, "w") as f:
+                running.append((spec, log, subprocess.Popen([sys.executable, __file__, *common, "--one",
+                                                             json.dumps(spec)], env=env, stdout=f,
+                                                            stderr=subprocess.STDOUT, text=True)))
+        spec, log, proc = running.pop(0)
+        proc.wait()
+        text = log.read_text()
+        print("".join(line + "\n" for line in text.splitlines() if line.startswith('{"name"')), end="", flush=True)
+        if proc.returncode != 0:
+            failed.append(spec)
+            print(f"FAILED {json.dumps(spec)}:\n{text[-3000:]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
