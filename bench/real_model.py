@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,18 @@ def arithmetic_right(home: Path) -> dict[str, float]:
     return out
 
 
+def keep_run(home: Path, dest: Path) -> None:
+    """The run's per-step log (steps.jsonl) and both evaluations' reports (every problem's greedy completion),
+    copied out of the temporary store before it is removed."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for log in (home / "state" / "rl").glob("*/steps.jsonl"):
+        shutil.copy(log, dest / "steps.jsonl")
+    for path in sorted((home / "objects").glob("*/manifest.json")):
+        m = json.loads(path.read_text())
+        if m["kind"] == "eval":
+            shutil.copy(path.parent / "files" / "report.json", dest / f"{m['name'].split('-')[0]}-{m['name']}.json")
+
+
 def overrides(task: dict, extra: dict) -> dict:
     over = {"model": {"base_path": str(MODEL)}, "sft": {"enabled": False}, **json.loads(json.dumps(task))}
     for section, fields in extra.items():
@@ -213,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", choices=("train_first", "held_out_first"), default="train_first",
                     help="train_first: held-out questions are later ones not in train; held_out_first: the "
                     "held-out set is the task's own mix, train is the rest")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="copy each seed's steps.jsonl and evaluation reports into KEEP/seed<N>/")
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
     if not (MODEL / "model.safetensors").is_file():
@@ -228,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             row["d_greedy"] = row["rl_greedy_accuracy"] - row["sft_greedy_accuracy"]
             right = arithmetic_right(home)
             row["folder_arithmetic"], row["rl_arithmetic"] = right["folder"], right["rl"]
+            if args.keep is not None:
+                keep_run(home, args.keep / f"seed{s}")
             rows.append(row)
             print(json.dumps(row), flush=True)
     load = os.getloadavg()
