@@ -169,15 +169,18 @@ def arithmetic_right(home: Path) -> dict[str, float]:
 
 
 def keep_run(home: Path, dest: Path) -> None:
-    """The run's per-step log (steps.jsonl) and both evaluations' reports (every problem's greedy completion),
-    copied out of the temporary store before it is removed."""
+    """The run's per-step metrics (steps.jsonl, from the last RL checkpoint's `extra.history`: the RL state folder is
+    gone once the run has finished) and both evaluations' reports (every problem's greedy completion), copied out
+    of the temporary store before it is removed."""
     dest.mkdir(parents=True, exist_ok=True)
-    for log in (home / "state" / "rl").glob("*/steps.jsonl"):
-        shutil.copy(log, dest / "steps.jsonl")
+    history: list[dict] = []
     for path in sorted((home / "objects").glob("*/manifest.json")):
         m = json.loads(path.read_text())
         if m["kind"] == "eval":
-            shutil.copy(path.parent / "files" / "report.json", dest / f"{m['name'].split('-')[0]}-{m['name']}.json")
+            shutil.copy(path.parent / "files" / "report.json", dest / f"{m['name']}.json")
+        elif len((m.get("extra") or {}).get("history") or []) > len(history):
+            history = m["extra"]["history"]
+    (dest / "steps.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
 
 
 def overrides(task: dict, extra: dict) -> dict:
