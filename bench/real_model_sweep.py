@@ -102,13 +102,10 @@ def prepare(out: Path, recipe: str, model_dir: Path) -> Path:
     return ds
 
 
-def one(spec: dict, args) -> None:
-    """One config's run, in this process: prints JSON lines."""
-    import torch
-
-    from posttrain.data.chat import encode_prompt
-    from posttrain.data.examples import prompt_messages, read_examples
-    from posttrain.models.generate import generate
+def _controller(spec: dict, args):
+    """(config, policy worker, controller) for one config: the real PolicyWorker (LoRA, generating its own
+    rollouts) and RewardWorker in this process, grouped as the registry groups them for the Controller."""
+    from posttrain.data.examples import read_examples
     from posttrain.models.io import load_tokenizer
     from posttrain.recipes import resolve
     from posttrain.rl.controller import Controller
@@ -138,26 +135,44 @@ def one(spec: dict, args) -> None:
     groups = {"reward": RewardGroup([LocalActor(reward)], [reward.identity()], t), "policy": pg}
     settings = RunSettings(rl=rl, reward=cfg.reward, placement=cfg.placement, model=cfg.model, start_model_dir=md)
     groups.update(served_by_policy(settings, groups))
-    tok = load_tokenizer(md)
-    ds = args.out / "ds"
-    sampler = PromptSampler(read_examples(ds, "train"), tok, prompts_per_step=rl.prompts_per_step, seed=rl.seed,
+    sampler = PromptSampler(read_examples(args.out / "ds", "train"), load_tokenizer(md),
+                            prompts_per_step=rl.prompts_per_step, seed=rl.seed,
                             max_prompt_len=cfg.model.max_seq_len - rl.max_new_tokens)
-    held = read_examples(ds, "eval")[: args.eval_n]
+    ctrl = Controller(rl, groups, sampler, Keep(), checkpointer=None)
+    ctrl.start()
+    return cfg, policy, ctrl
+
+
+def _held_out(policy, args, max_new_tokens: int):
+    """accuracy() -> the policy model's held-out greedy accuracy on the first --eval-n problems (prompts encoded
+    once)."""
+    import torch
+
+    from posttrain.data.chat import encode_prompt
+    from posttrain.data.examples import prompt_messages, read_examples
+    from posttrain.models.generate import generate
+
+    tok = policy.tok
+    held = read_examples(args.out / "ds", "eval")[: args.eval_n]
     prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in held]
 
     def accuracy() -> float:
         policy.model.eval()
         with torch.no_grad():
-            gens = generate(policy.model, prompts, max_new_tokens=cfg.eval.max_new_tokens, temperature=0.0, n=1,
+            gens = generate(policy.model, prompts, max_new_tokens=max_new_tokens, temperature=0.0, n=1,
                             eos_id=policy.eos_ids, pad_id=tok.pad_token_id, batch_size=256)
         policy.model.train()
         return sum(number_score(tok.decode(g.response_ids, skip_special_tokens=True), ex["answer"], {}) >= 1.0
                    for g, ex in zip(gens, held)) / len(held)
+    return accuracy
 
-    ctrl = Controller(rl, groups, sampler, Keep(), checkpointer=None)
-    ctrl.start()
+
+def one(spec: dict, args) -> None:
+    """One config's run, in this process: prints a JSON line per evaluation and a line per step."""
+    cfg, policy, ctrl = _controller(spec, args)
+    accuracy = _held_out(policy, args, cfg.eval.max_new_tokens)
     t0, since = time.perf_counter(), []
-    name = spec.get("name", json.dumps(over.get("rl", {})))
+    name = spec.get("name", json.dumps(spec.get("rl", {})))
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
             print(json.dumps({"name": name, "step": step, "greedy": accuracy(), "train_acc": _mean(since, "accuracy"),
