@@ -7,6 +7,8 @@ Run alone: `pytest -m ray tests/integration/test_rl_ray.py` (Ray tests run in th
 
 from __future__ import annotations
 
+import os
+import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +42,47 @@ class Probe:
     def where(self) -> tuple[str, int, str | None, int | None]:
         return (self.role, self.rank, *pl.current_bundle())
 
+    def malloc(self) -> tuple[str | None, int]:
+        """MALLOC_ARENA_MAX as this process sees it, and the glibc heaps (arenas) in use while 4 threads each
+        hold a block: glibc gives each new thread that allocates its own arena, up to the cap."""
+        import os
+
+        return os.environ.get("MALLOC_ARENA_MAX"), _malloc_heaps(threads=4)
+
+
+def _malloc_heaps(*, threads: int) -> int:
+    """The heaps glibc's `malloc_info` lists while `threads` threads each hold a malloc'ed block."""
+    import ctypes
+    import tempfile
+    import threading
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes, libc.fclose.argtypes = [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
+    allocated, report = threading.Barrier(threads + 1), threading.Barrier(threads + 1)
+
+    def hold():
+        block = libc.malloc(4096)
+        allocated.wait()
+        report.wait()
+        libc.free(block)
+
+    workers = [threading.Thread(target=hold) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    allocated.wait(timeout=30)
+    with tempfile.NamedTemporaryFile(suffix=".xml") as f:
+        fp = libc.fopen(f.name.encode(), b"w")
+        libc.malloc_info(0, fp)
+        libc.fclose(fp)
+        xml = Path(f.name).read_text()
+    report.wait(timeout=30)
+    for t in workers:
+        t.join()
+    return xml.count("<heap nr=")
+
 
 @pytest.mark.parametrize("mode", [PlacementMode.COLOCATED, PlacementMode.SPLIT])
 def test_every_actor_runs_in_its_roles_bundle(ray_local, mode):
@@ -68,6 +111,36 @@ def test_every_actor_runs_in_its_roles_bundle(ray_local, mode):
         for acts in actors.values():
             for a in acts:
                 ray.kill(a)
+    finally:
+        pl.remove_placement_groups(pgs)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="MALLOC_ARENA_MAX is glibc's")
+@pytest.mark.parametrize("arenas", [2, 0])
+def test_role_workers_start_with_the_configured_malloc_arenas(ray_local, arenas):
+    """placement.malloc_arena_max reaches every role worker's environment before its first malloc: with 2,
+    four threads allocating share 2 heaps; with 0 (glibc's default, if the driver does not set it) each gets
+    its own."""
+    ray = ray_local
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cfg = PlacementConfig(policy_workers=2, rollout_workers=1, reward_workers=1, malloc_arena_max=arenas)
+    plan = pl.plan_placement(cfg, counts=_counts(cfg, kl=False), available=pl.free_resources(min_cpu=4.0))
+    pgs = pl.create_placement_groups(plan, timeout_s=30)
+    try:
+        actors = [a for role, rp in plan.roles.items()
+                  for a in pl.create_role_actors(Probe, rp, pgs, lambda rank, role=role: (role, rank))]
+        seen = ray.get([a.malloc.remote() for a in actors], timeout=60)
+        assert len(seen) == 4
+        inherited = os.environ.get("MALLOC_ARENA_MAX")
+        for env, heaps in seen:
+            if arenas:
+                assert (env, heaps) == ("2", 2)
+            else:
+                assert env == inherited
+                if inherited is None:
+                    assert heaps >= 5  # the main heap and one per thread
+        for a in actors:
+            ray.kill(a)
     finally:
         pl.remove_placement_groups(pgs)
 

@@ -74,6 +74,7 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"placement": {"policy_workers": 0}}', "placement.policy_workers"),
     ('{"placement": {"torch_threads": 0}}', "placement.torch_threads"),
     ('{"placement": {"rollout_threads": -1}}', "placement.rollout_threads"),
+    ('{"placement": {"malloc_arena_max": -1}}', "placement.malloc_arena_max"),
     ('{"rl": {"prompts_per_step": 1, "samples_per_prompt": 2}, "placement": {"policy_workers": 4}}',
      "rl.prompts_per_step"),
     ('{"sft": {"stepz": 3}}', "sft"),

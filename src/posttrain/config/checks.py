@@ -320,6 +320,7 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
            "only means something with rl.algorithm 'ppo'")
     _check(p.torch_threads >= 1, "placement.torch_threads", "must be >= 1")
     _check(p.rollout_threads >= 0, "placement.rollout_threads", "must be >= 0 (0: the same as torch_threads)")
+    _check(p.malloc_arena_max >= 0, "placement.malloc_arena_max", "must be >= 0 (0: glibc's default)")
     _check(p.gpus_per_worker >= 0, "placement.gpus_per_worker", "must be >= 0")
     batch = r.prompts_per_step * r.samples_per_prompt
     _check(batch >= p.policy_workers, "rl.prompts_per_step",

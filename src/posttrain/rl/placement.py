@@ -15,6 +15,8 @@ the run fit by construction:
   pod, so cluster totals say nothing. A bundle no pod can hold fails at plan time, naming group, bundle and pods.
 Fractional CPUs are a scheduling budget, not threads: policy ranks run `placement.torch_threads`
 torch threads each, rollout and reference workers `placement.generation_threads` (1 by default).
+Every worker process starts with `placement.worker_env_vars()` in its environment (glibc's malloc arenas
+capped: `placement.malloc_arena_max`), through the actor's Ray runtime_env - on a local Ray and a KubeRay pod alike.
 GPU requests are `placement.gpus_per_worker` per actor; a plan asking for more GPUs than are free is
 rejected before anything is created, and every placement group is awaited with a timeout.
 
@@ -47,7 +49,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from posttrain.config import PlacementConfig, PlacementMode
@@ -91,6 +93,8 @@ class RolePlacement:
     num_cpus: float
     """Per actor (fractional; a scheduling budget)."""
     num_gpus: float
+    env_vars: dict[str, str] = field(default_factory=dict)
+    """Environment each worker process starts with, on top of the job's (`PlacementConfig.worker_env_vars`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,11 +135,20 @@ def plan_placement(cfg: PlacementConfig, *, counts: dict[str, int], available: d
 
     Nodes that advertise worker-group resources (a KubeRay cluster, or a rehearsal shaped like one) get the
     per-pod plan, `_plan_on_pods`: each role's bundles fit its own group's pods by construction. Otherwise (one
-    local node that ignores the worker groups) every actor gets the same share of the free CPUs."""
+    local node that ignores the worker groups) every actor gets the same share of the free CPUs. Every role
+    gets the config's worker environment."""
     counts = {r: n for r, n in counts.items() if n > 0}
     groups_of = {r: kuberay_group(r) for r in counts}
     if any(n.resources.get(g, 0) >= GROUP_RESOURCE_SLIVER for n in nodes for g in groups_of.values()):
-        return _plan_on_pods(cfg, counts, groups_of, nodes)
+        plan = _plan_on_pods(cfg, counts, groups_of, nodes)
+    else:
+        plan = _plan_on_one_node(cfg, counts, available)
+    env = cfg.worker_env_vars()
+    return replace(plan, roles={r: replace(p, env_vars=dict(env)) for r, p in plan.roles.items()})
+
+
+def _plan_on_one_node(cfg: PlacementConfig, counts: dict[str, int], available: dict[str, float]) -> PlacementPlan:
+    """One local node: every actor gets the same share of the free CPUs (module docstring)."""
     n_actors = sum(counts.values())
     free_cpu, free_gpu = float(available.get("CPU", 0.0)), float(available.get("GPU", 0.0))
     cpu = math.floor(min(1.0, free_cpu / n_actors) * 1e4) / 1e4
@@ -299,7 +312,7 @@ def create_role_actors(worker_cls: type, placement: RolePlacement, pgs: dict[str
                        init_args: Callable[[int], tuple]) -> list:
     """THE place that applies ray.remote: one actor per rank of `placement.role`, each pinned to its bundle.
 
-    `init_args(rank)` gives the worker's constructor arguments.
+    `init_args(rank)` gives the worker's constructor arguments; the process starts with `placement.env_vars`.
     """
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -308,6 +321,7 @@ def create_role_actors(worker_cls: type, placement: RolePlacement, pgs: dict[str
     pg = pgs[placement.group]
     return [remote_cls.options(
         num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, max_restarts=0,
+        runtime_env={"env_vars": dict(placement.env_vars)} if placement.env_vars else None,
         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
     ).remote(*init_args(rank)) for rank, b in enumerate(placement.bundle_indices)]
 
