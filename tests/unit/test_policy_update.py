@@ -60,6 +60,24 @@ def test_gradient_checkpointing_same_policy_update(folders, world_of_one):
     assert max(float((wa[k] - wc[k]).abs().max()) for k in wa) < 1e-5
 
 
+def test_the_heap_is_trimmed_after_every_micro_batch(folders, world_of_one, monkeypatch):
+    """Each micro-batch's forward and backward is followed by `return_free_memory` (freed activations back to
+    the OS before the next one), and the update ends with one more after the optimizer step."""
+    from posttrain.rl.roles import policy as policy_mod
+
+    rl = RLConfig(temperature=1.0, lr=1e-3)
+    b = _policy_batch(folders, rl)
+    w = policy_mod.PolicyWorker(str(folders["llama"]), rl, 0, 1)
+    w.setup_process_group("127.0.0.1", 0, 60)
+    events: list[str] = []
+    backward = w._backward
+    monkeypatch.setattr(w, "_backward", lambda *a, **k: (events.append("backward"), backward(*a, **k))[1])
+    monkeypatch.setattr(policy_mod, "return_free_memory", lambda: events.append("trim") or True)
+    res = w.update(b, global_tokens=sum(len(r) for r in b.response_ids), global_seqs=6, n_micro=3)
+    assert res.applied and w.version == 1
+    assert events == ["backward", "trim"] * 3 + ["trim"]
+
+
 def test_policy_update_gates_stop_before_the_optimizer_step(folders, world_of_one):
     """Drift above rl.drift_threshold (measured by the update's own first forward), a non-finite loss and a
     non-finite gradient norm stop the update before its optimizer step: weights and version unchanged, the reason returned."""
