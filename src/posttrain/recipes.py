@@ -206,7 +206,9 @@ def small_instruct_lora_cpu() -> PipelineConfig:
     - rl.policy_generate_batch 32: the policy rank generates its 64 rows in two batches, so their KV cache
       needs ~0.16 GiB instead of ~0.44 at a ~7% longer rollout (bench/policy_phases.py); with it two runs
       peaked at 2.88 and 3.07 GiB summed PSS against 5.13 and 5.25 for full fine-tuning, steps x0.94 and x0.82
-      (bench/rl_lora.py).
+      (bench/rl_lora.py). Since the policy trims its heap after every micro-batch and every role worker runs
+      with placement.malloc_arena_max 2: 2.81 / 2.67 / 2.66 GiB against 5.07 / 5.16 / 5.20, steps x0.84 /
+      x0.83 / x0.93 (bench/results/lora-in-policy-trim-2026-11-26.txt).
 
     Measured with bench/real_model.py (reasoning-gym chain_sum, one-digit terms, seed 0): 30 steps took
     26.4 min in all and moved held-out greedy accuracy 0.129 -> 0.137 - the recipe runs, but did not make this
