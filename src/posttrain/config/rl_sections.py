@@ -225,8 +225,9 @@ class PlacementConfig:
     """glibc malloc arenas in each role worker's process: `MALLOC_ARENA_MAX` in the environment Ray starts it
     with (merged with the job's). glibc's default (8 per core) gives threads that allocate their own arenas,
     which keep freed memory: RL with LoRA on SmolLM2-135M peaked at 2.88 / 3.07 / 3.05 GiB summed PSS in
-    identical runs with it, 2.88 / 2.91 with 2 (bench/results/lora-in-policy-arena2-2026-11-26.txt). 0: glibc's
-    default. No effect where the C library is not glibc (musl, macOS)."""
+    identical runs with it, 2.95 / 3.02 / 2.95 with 2 - and 2.81 / 2.67 / 2.66 once the policy also trimmed its
+    heap after every micro-batch (bench/results/lora-in-policy-*-2026-11-26.txt). 0: glibc's default. No effect
+    where the C library is not glibc (musl, macOS)."""
 
     def worker_env_vars(self) -> dict[str, str]:
         """Environment variables every role worker process starts with."""
