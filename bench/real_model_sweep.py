@@ -86,6 +86,8 @@ def prepare(out: Path, recipe: str, model_dir: Path) -> Path:
 def _controller(spec: dict, args):
     """(config, policy worker, controller) for one config: the real PolicyWorker (LoRA, generating its own
     rollouts) and RewardWorker in this process, grouped as the registry groups them for the Controller."""
+    import torch
+
     from posttrain.data.examples import read_examples
     from posttrain.models.io import load_tokenizer
     from posttrain.recipes import resolve
@@ -109,6 +111,7 @@ def _controller(spec: dict, args):
     rl, md = cfg.rl, str(args.model)
     policy = PolicyWorker(md, rl, 0, 1, model_cfg=cfg.model, threads=args.threads)
     reward = RewardWorker(cfg.reward, 0, 1)
+    torch.set_num_threads(args.threads)  # each worker sets the process's torch threads; the reward's 1 came last
     t = rl.remote_timeout_s
     pg = PolicyGroup([LocalActor(policy)], [policy.identity()], t, rl.micro_batch_size, mini_batches=rl.mini_batches,
                      seed=rl.seed, generates=True)  # as registry's policy group arguments
