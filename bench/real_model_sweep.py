@@ -26,7 +26,8 @@ Measured (2026-11-26, bench/results/real-model-sweep-gpu-2026-11-26.txt): on the
 two calls (FACTS' recipe for large files) and de-quantised there to the same weights (fingerprint equal). 16 configs
 at once (--parallel 16 --threads 1) ran ~22 s per step each - processes time-share one GPU, so run a few at a time -
 and the call's limit stopped them at step 10: held-out greedy 0.227 -> 0.219..0.297 (mean 0.254), no config clearly
-apart from the others at that point.
+apart from the others at that point. On this CPU (--threads 2, real-model-sweep-cpu-2026-11-26.txt), T 0.7 with
+kl_coef 0.05 and gradient checkpointing off, ~44 s a step: 0.227 -> 0.320 at step 50 and 0.281 at step 60.
 """
 
 from __future__ import annotations
