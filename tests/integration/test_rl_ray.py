@@ -45,8 +45,6 @@ class Probe:
     def malloc(self) -> tuple[str | None, int]:
         """MALLOC_ARENA_MAX as this process sees it, and the glibc heaps (arenas) in use while 4 threads each
         hold a block: glibc gives each new thread that allocates its own arena, up to the cap."""
-        import os
-
         return os.environ.get("MALLOC_ARENA_MAX"), _malloc_heaps(threads=4)
 
 

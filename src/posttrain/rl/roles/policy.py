@@ -37,7 +37,8 @@ the run's peak 5.81 -> 5.32 GiB). After every update the rank hands malloc's fre
 the same after every micro-batch's backward: one micro-batch's forward and backward leave ~0.45 GiB of freed
 heap on a SmolLM2 LoRA rank that the next ones only partly reuse, so the heap crept to +0.6-0.7 GiB over an
 update; trimmed, every micro-batch starts from the rank's rest (update peak 1.64 / 1.71 -> 1.37 / 1.46 GiB in
-two steps, ~25 ms a trim, step time unchanged; /proc RSS sampled every 5 ms in-process).
+two steps, ~25 ms a trim; /proc RSS sampled every 5 ms in-process at 1 torch thread). Through the pipeline
+at 2 threads the LoRA step stayed x0.83-0.93 of full fine-tuning's (bench/rl_lora.py, three pairs).
 
 Log-probs (drift check, update) are those of the sampling distribution the rollout used: temperature, then
 rl.top_k / rl.top_p truncation, renormalised (posttrain.models.generate.sampling_logprobs), with the output
