@@ -4,13 +4,15 @@
     .venv/bin/python bench/real_model.py                    # seeds 0 1, recipe small_instruct_lora_cpu
     .venv/bin/python bench/real_model.py --seeds 0 --reward raw --split held_out_first
     .venv/bin/python bench/real_model.py --write-readme     # also rewrite the README's real_model block
+    .venv/bin/python bench/real_model.py --task '{"name": "basic_arithmetic", "max_terms": 2, "max_digits": 2}'
 
 What it does, as a user would with their own model, data and scorer:
 1. installs reasoning-gym (PyPI, pinned) with `pip install --target` into `<cache>/reasoning-gym/<version>`,
    never into `.venv`;
 2. builds the task with it: `chain_sum` problems (`State the final answer to the following arithmetic problem:
    6 + 0 - 1 =`), 2 or 3 one-digit terms, a train file and a held-out file of distinct questions (none of them
-   in train; `--split`), each row with reasoning-gym's own `metadata`;
+   in train; `--split`), each row with reasoning-gym's own `metadata`; `--task` names another reasoning-gym
+   dataset and its config (bench/task_probe.py says what the model can already do on one);
 3. writes the reward (`rg_reward:score`, `--reward`): reasoning-gym's own scorer for the row
    (`get_score_answer_fn(metadata["source_dataset"])`), given the completion's last number (`number`, the
    default) or the completion as it is (`raw`: 1.0 only for exactly the answer, `len(answer) / len(completion)`
@@ -137,12 +139,14 @@ def install_reasoning_gym() -> Path:
     return root
 
 
-def build_task(folder: Path, deps: Path, train_n: int, eval_n: int, reward: str, split: str) -> dict:
-    """train.jsonl, test.jsonl and rewards/rg_reward.py in `folder`; returns the data and reward overrides."""
+def build_task(folder: Path, deps: Path, train_n: int, eval_n: int, reward: str, split: str,
+               task: dict | None = None) -> dict:
+    """train.jsonl, test.jsonl and rewards/rg_reward.py in `folder` for reasoning-gym dataset `task` ({"name": ...,
+    its config fields}; default TASK); returns the data and reward overrides."""
     (folder / "rewards").mkdir(parents=True, exist_ok=True)
     (folder / "rewards" / "rg_reward.py").write_text(REWARDS[reward])
-    subprocess.run([sys.executable, "-c", BUILD, json.dumps(TASK), str(train_n), str(eval_n), split, str(folder)],
-                   check=True, env={**os.environ, "PYTHONPATH": str(deps)})
+    subprocess.run([sys.executable, "-c", BUILD, json.dumps(task or TASK), str(train_n), str(eval_n), split,
+                    str(folder)], check=True, env={**os.environ, "PYTHONPATH": str(deps)})
     return {"data": {"task": "", "files": [str(folder / "train.jsonl")], "eval_files": [str(folder / "test.jsonl")],
                      "eval_size": 0, "schema": "prompt_answer", "prompt_field": "question"},
             "reward": {"fn": "rg_reward:score", "python_path": [str(folder / "rewards"), str(deps)]},
@@ -193,7 +197,8 @@ def overrides(task: dict, extra: dict) -> dict:
     return over
 
 
-def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], eval_n: int, train_n: int) -> str:
+def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], eval_n: int, train_n: int,
+          spec: dict) -> str:
     """The README block: one row per seed (sampled accuracy only when the recipe's eval.k > 0), the change, and
     how to reproduce it."""
     sampled = all(r.get("sft_sampled_accuracy", -1.0) >= 0 for r in rows)
@@ -209,8 +214,8 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], e
         lines.append("| " + " | ".join(cells + [f"{r['wall_s'] / 60:.1f} min"]) + " |")
     g = [r["d_greedy"] for r in rows]
     command = " ".join(["bench/real_model.py", *[a for a in argv if a != "--write-readme"]])
-    task = json.dumps({k: v for k, v in TASK.items() if k != "name"})
-    lines += ["", (f"SmolLM2-135M-Instruct, reasoning-gym {RG_VERSION} `{TASK['name']}` ({task}), {train_n} generated "
+    task = json.dumps({k: v for k, v in spec.items() if k != "name"})
+    lines += ["", (f"SmolLM2-135M-Instruct, reasoning-gym {RG_VERSION} `{spec['name']}` ({task}), {train_n} generated "
                    f"train / {eval_n} held-out questions (none of them in train); greedy change mean "
                    f"{statistics.mean(g):+.3f} (min {min(g):+.3f}). Greedy is the scorer's accuracy (exactly the "
                    "answer); \"arithmetic right\" counts greedy completions whose last number is the answer, however "
@@ -225,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--recipe", default="small_instruct_lora_cpu")
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's overrides")
+    ap.add_argument("--task", default=json.dumps(TASK),
+                    help='reasoning-gym dataset as JSON: {"name": ..., its config fields} (size and seed are set here)')
     ap.add_argument("--train", type=int, default=2000, help="generated train questions (held-out ones dropped)")
     ap.add_argument("--eval", type=int, default=256, help="held-out questions")
     ap.add_argument("--reward", choices=sorted(REWARDS), default="number",
@@ -238,10 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not (MODEL / "model.safetensors").is_file():
         raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")
+    spec = json.loads(args.task)
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or {"size", "seed"} & set(spec):
+        raise SystemExit(f"--task: expected a JSON object with a \"name\" and no size or seed, got {args.task!r}")
     deps = install_reasoning_gym()
     rows = []
     with tempfile.TemporaryDirectory(prefix="posttrain-real-") as tmp:
-        task = build_task(Path(tmp) / "task", deps, args.train, args.eval, args.reward, args.split)
+        task = build_task(Path(tmp) / "task", deps, args.train, args.eval, args.reward, args.split, spec)
         for s in args.seeds:
             home = Path(tmp) / f"home{s}"
             row, out = run_pipeline(s, args.recipe, overrides(task, json.loads(args.overrides)), home)
@@ -254,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     load = os.getloadavg()
-    block = table(rows, argv if argv is not None else sys.argv[1:], load, args.eval, args.train)
+    block = table(rows, argv if argv is not None else sys.argv[1:], load, args.eval, args.train, spec)
     print(block)
     if args.write_readme:
         write_readme(ROOT / "README.md", block, BEGIN, END)

@@ -66,7 +66,7 @@ def fingerprint(model_dir: Path) -> str:
     return h.hexdigest()
 
 
-def prepare(out: Path, recipe: str, model_dir: Path) -> Path:
+def prepare(out: Path, recipe: str, model_dir: Path, task: dict | None = None) -> Path:
     """out/task (train/test jsonl, via bench/real_model.py and reasoning-gym) and out/ds (the prepared dataset)."""
     ds = out / "ds"
     if (ds / "train.jsonl").exists():
@@ -78,7 +78,7 @@ def prepare(out: Path, recipe: str, model_dir: Path) -> Path:
     from posttrain.recipes import resolve
 
     task = real_model.build_task(out / "task", real_model.install_reasoning_gym(), 2000, 256, "number",
-                                 "held_out_first")
+                                 "held_out_first", task)
     cfg = resolve(recipe, real_model.overrides(task, {"model": {"base_path": str(model_dir)}}))
     prepare_dataset(cfg.data, ds, require_completions=False)
     return ds
@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tools", type=Path, default=None, help="folder with the `gguf` package (for --gguf)")
     ap.add_argument("--fingerprint", default=None, help="expected fingerprint() of the model (sha256 of tensors)")
     ap.add_argument("--recipe", default="small_instruct_lora_cpu")
+    ap.add_argument("--task", default=None, help="reasoning-gym dataset as JSON (bench/real_model.py --task; default "
+                    "its chain_sum); used when OUT/ds is prepared")
     ap.add_argument("--configs", default='[{"name": "recipe"}]', help="JSON list of overrides (+ optional name)")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fingerprint {got}: {'as expected' if got == args.fingerprint else 'NOT the expected ' + args.fingerprint}",
               flush=True)
     if args.prepare_only or not (args.out / "ds" / "train.jsonl").exists():
-        prepare(args.out, args.recipe, args.model)
+        prepare(args.out, args.recipe, args.model, json.loads(args.task) if args.task else None)
         print(f"fingerprint {fingerprint(args.model)}; dataset {args.out / 'ds'}", flush=True)
         if args.prepare_only:
             return 0
