@@ -32,15 +32,13 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import MODEL, TASK, install_reasoning_gym
+from real_model import MODEL, NUMBER, TASK, install_reasoning_gym
 
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 CANDIDATES = [
     TASK,
     {"name": "simple_equations", "min_terms": 2, "max_terms": 2, "min_value": 1, "max_value": 10,
