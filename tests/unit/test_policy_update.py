@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.config import ModelConfig, Parallelism, RLConfig, SFTConfig
+from posttrain.config import LossAgg, ModelConfig, Parallelism, RLConfig, SFTConfig
 from posttrain.data.chat import tokenize_for_training
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.types import TrainBatch
@@ -182,3 +182,39 @@ def test_a_non_finite_sft_loss_stops_before_the_optimizer_step(folders, world_of
     after = dict(model.named_parameters())
     assert all(torch.equal(before[n], after[n].detach()) for n in before if "embed" not in n)
     assert not opt.state  # AdamW never stepped
+
+
+@pytest.mark.parametrize("loss_agg", [LossAgg.TOKEN_MEAN, LossAgg.SEQ_MEAN])
+def test_rows_without_gradient_are_not_run_and_the_update_is_the_same(folders, world_of_one, loss_agg):
+    """Without a KL term, the group sends only the rows with a non-zero advantage, with the whole batch's
+    normaliser: the loss, the gradient norm and the new weights are those of the update on every row. With a
+    KL term every row is sent; a batch with no gradient at all still sends one row per rank (the step runs)."""
+    from dataclasses import replace
+
+    from posttrain.rl.roles.common import worker_identity
+    from posttrain.rl.roles.policy import PolicyWorker
+    from posttrain.rl.roles.policy_group import PolicyGroup, rows_with_gradient
+
+    rl = RLConfig(temperature=1.0, lr=1e-3, loss_agg=loss_agg)
+    b = replace(_policy_batch(folders, rl), advantages=[1.0, -1.0, 0.0, 0.0, 2.0, -2.0])
+    group = PolicyGroup([None], [worker_identity("policy", 0, 1)], 60, micro_batch_size=2)
+    (shard,), counts = group._shard(b, list(range(6)))
+    assert shard.advantages == [1.0, -1.0, 2.0, -2.0]
+    assert counts == (sum(len(r) for r in b.response_ids), 6, 2)  # the whole batch's tokens and sequences
+    out = []
+    for batch, args in ((b, (counts[0], 6, 2)), (shard, counts)):
+        w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
+        w.setup_process_group("127.0.0.1", 0, 60)
+        out.append((w.update(batch, *args), w.state_dict()))
+    (full, wf), (part, wp) = out
+    assert full.applied and part.applied and full.grad_norm > 0
+    assert abs(full.loss - part.loss) < 1e-6 and abs(full.grad_norm - part.grad_norm) < 1e-6 * full.grad_norm
+    assert max(float((wf[k] - wp[k]).abs().max()) for k in wf) < 1e-5  # AdamW magnifies rounding (steps ~1e-3)
+    with_kl = replace(b, ref_logprobs=b.old_logprobs)  # a zero-advantage row still pulls towards the reference
+    assert rows_with_gradient(with_kl, list(range(6)), 1) == list(range(6))
+    none = replace(b, advantages=[0.0] * 6, response_ids=[[1] * n for n in (3, 1, 4, 1, 5, 2)])
+    assert len(rows_with_gradient(none, list(range(6)), 2)) == 2  # one per rank, the shortest
+    assert rows_with_gradient(none, list(range(6)), 2) == sorted(sorted(range(6), key=lambda i: (
+        len(none.prompt_ids[i]) + len(none.response_ids[i]), i))[:2])
+    per_token = replace(b, advantages=[[0.0, 0.0], [0.0, 0.5]] + [[0.0]] * 4)  # PPO: a row with one non-zero token
+    assert rows_with_gradient(per_token, list(range(6)), 1) == [1]

@@ -105,8 +105,8 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
         response_len_mean=n_tokens / len(traj.response_ids),
         generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase_s["rollout"], 1e-9),
         phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s),
-        extra={**outcome.extra, **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max}
-                                   if stats is not None else {})})
+        extra={**outcome.extra, **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max,
+                                    "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})})
 
 
 def failure_line(m: StepMetrics) -> str:

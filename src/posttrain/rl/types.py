@@ -177,6 +177,9 @@ class UpdateStats:
     """KL(rollout || trainer) at the batch's version, k3 estimate on the rollout's samples, per token."""
     mismatch_max: float = 0.0
     """max |trainer - rollout log-prob| over those tokens."""
+    skipped_rows: int = 0
+    """Rows the update did not run because they have no gradient (all-zero advantages and no KL term in the
+    loss: `policy_group.rows_with_gradient`); entropy, clip fraction and drift are over the others."""
 
 
 @dataclass(frozen=True, kw_only=True)

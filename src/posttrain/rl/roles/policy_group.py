@@ -2,6 +2,14 @@
 forms their torch.distributed group, shards each TrainBatch by tokens, gathers and reduces the ranks' stats
 (checking that all ranks hold identical weights afterwards), hands the weights to weight sync, and fans
 checkpoint calls out. Every remote wait is bounded by the group's timeout and names the stage and worker.
+
+Rows without a gradient are not sent (`rows_with_gradient`): with no KL term in the loss (the TrainBatch has no
+reference log-probs), a row whose advantages are all exactly 0 adds exactly 0 to the loss and to every gradient -
+whatever its ratio, clip, dual-clip or mismatch weight - so the update runs only the other rows through the model,
+with the normaliser of the WHOLE batch (its tokens, its sequences): the same update, within float rounding, for
+less compute. On a hard task most GRPO groups have all-equal rewards (all 0) and so all-zero advantages: on
+SmolLM2 with chain_sum most of the batch. The update's entropy, clip fraction and drift are then over the rows it
+trained on; `update/skipped_rows` in the step's metrics counts the others.
 """
 
 from __future__ import annotations
@@ -51,11 +59,13 @@ class PolicyGroup(SPMDGroup):
         or the gradient norm is not finite."""
         if self.mini_batches == 1:
             shards, counts = self._shard(batch, list(range(len(batch.response_ids))))
+            sent = sum(len(sh.response_ids) for sh in shards)
             refs = [w.update.remote(sh, *counts, drift_threshold) for w, sh in zip(self.workers, shards)]
         else:
             per_mb = [self._shard(batch, rows) for rows in mini_batch_rows(len(batch.response_ids),
                                                                            self.mini_batches,
                                                                            seed=self.seed + batch.policy_version)]
+            sent = sum(len(sh.response_ids) for mb in per_mb for sh in mb[0])
             refs = [w.update.remote([mb[0][k] for mb in per_mb], *[[mb[1][c] for mb in per_mb] for c in range(3)],
                                     drift_threshold) for k, w in enumerate(self.workers)]
         res = gather(refs, self.ids, stage="policy.update", timeout_s=self.timeout_s)
@@ -75,7 +85,8 @@ class PolicyGroup(SPMDGroup):
                            weights_checksum=first.checksum, drift=first.drift, applied=first.applied,
                            stopped=first.stopped, compute_s=max(r.compute_s for r in res),
                            mismatch_kl=sum(dict(r.sums).get("mm_kl", 0.0) for r in res) / max(mm_tok, 1.0),
-                           mismatch_max=max(dict(r.sums).get("mm_max", 0.0) for r in res))
+                           mismatch_max=max(dict(r.sums).get("mm_max", 0.0) for r in res),
+                           skipped_rows=len(batch.response_ids) - sent)
 
     def weights(self) -> WeightsHandle:
         """The weights for rollout workers. Their checksum is the one the update reported (hashing the weights
@@ -102,14 +113,35 @@ class PolicyGroup(SPMDGroup):
         return self.version
 
     def _shard(self, batch: TrainBatch, rows: list[int]) -> tuple[list[TrainBatch], tuple[int, int, int]]:
-        """Rows `rows` of the batch as one token-balanced shard per rank (equal row counts), with the GLOBAL
-        token and sequence counts and the micro-batches per rank (the same on every rank, or DDP would hang)."""
+        """Rows `rows` of the batch - those with a gradient (`rows_with_gradient`) - as one token-balanced shard
+        per rank (equal row counts), with the GLOBAL token and sequence counts of all of `rows` and the
+        micro-batches per rank (the same on every rank, or DDP would hang)."""
+        global_tokens = sum(len(batch.response_ids[i]) for i in rows)
+        global_seqs = len(rows)
+        rows = rows_with_gradient(batch, rows, len(self.workers))
         lengths = [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows]
         sh = dispatch.shard(rows, lengths, len(self.workers), equal_size=True)
         n_micro = max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb))
         n_micro = min(n_micro, min(len(i) for i in sh.indices))
-        global_tokens = sum(len(batch.response_ids[i]) for i in rows)
-        return [_take(batch, s) for s in sh.shards], (global_tokens, len(rows), n_micro)
+        return [_take(batch, s) for s in sh.shards], (global_tokens, global_seqs, n_micro)
+
+
+def rows_with_gradient(batch: TrainBatch, rows: list[int], n_ranks: int) -> list[int]:
+    """The rows of `rows` the update must run: all of them when the loss has a KL term (reference log-probs in
+    the batch: a zero-advantage row still pulls towards the reference), else those whose advantages are not all
+    exactly 0. At least `n_ranks` rows (every rank runs a forward and backward, or DDP hangs): the shortest zero-advantage rows make up the count (their gradient is 0). Ascending."""
+    if batch.ref_logprobs:
+        return list(rows)
+
+    def zero(i: int) -> bool:
+        a = batch.advantages[i]
+        return all(x == 0.0 for x in a) if isinstance(a, list) else a == 0.0
+
+    kept = [i for i in rows if not zero(i)]
+    if len(kept) < min(n_ranks, len(rows)):
+        spare = sorted((i for i in rows if zero(i)), key=lambda i: len(batch.prompt_ids[i]) + len(batch.response_ids[i]))
+        kept += spare[:min(n_ranks, len(rows)) - len(kept)]
+    return sorted(kept)
 
 
 def mini_batch_rows(n: int, k: int, *, seed: int) -> list[list[int]]:
