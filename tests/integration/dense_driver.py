@@ -68,8 +68,10 @@ def main() -> None:
                                                            "checksum": weights_checksum(full)}))
     if info.rank == 0:
         save_file({k: v.contiguous().clone() for k, v in full.items()}, str(out / "weights.safetensors"))
+    print(f"rank {info.rank}: outputs written", file=sys.stderr, flush=True)  # where a failed run got to
     dist.barrier()
     dist.destroy_process_group()
+    print(f"rank {info.rank}: process group destroyed", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

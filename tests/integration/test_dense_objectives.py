@@ -22,6 +22,7 @@ from posttrain.data.prepare import prepare_dataset
 from posttrain.models.io import load_tokenizer, save_model
 from posttrain.models.tiny import build_model
 from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
+from tests.torchrun_output import stderr_excerpt
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("dense_driver.py")
@@ -55,9 +56,10 @@ def dense_data(tmp_path_factory):
 def torchrun(nproc: int, *args, timeout=300) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            *map(str, args)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-    assert p.returncode == 0, p.stderr[-4000:]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,  # a rank that aborts
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),  # prints its stack
+                            "PYTHONFAULTHANDLER": "1"})
+    assert p.returncode == 0, stderr_excerpt(p.stderr)
     return p
 
 

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from posttrain.config import DataConfig
 from posttrain.data.prepare import prepare_dataset
 from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
+from tests.torchrun_output import stderr_excerpt
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("spmd_driver.py")
@@ -35,8 +36,8 @@ def torchrun(nproc: int, *args, timeout=240, env=None) -> subprocess.CompletedPr
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            *map(str, args)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    assert p.returncode == 0, p.stderr[-4000:]
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})})
+    assert p.returncode == 0, stderr_excerpt(p.stderr)
     return p
 
 
