@@ -41,6 +41,10 @@ at step 10 on a GPU, `--split held_out_first --overrides '{"rl": {"temperature":
 50}}'`: 0.227 -> 0.289 (+0.062) for seed 0 in 50.5 min, 0.227 -> 0.258 (+0.031) for seed 1 in 48.2 min - the first
 gains on this model, not yet the >= 0.10 asked. 60 steps with `"model": {"gradient_checkpointing": false}` too
 (~50 s a step): +0.094 for seed 0 in 51.9 min, +0.059 for seed 1 in 47.9 min. Per-step figures: the results file.
+2026-11-27 (bench/results/real-model-2026-11-27.txt), seed 0: `"kl_coef": 0.0` with 100 steps (19 s a step: no
+reference pass, and the update skips the rows without a gradient) collapsed the policy, 0.227 -> 0.191 (-0.035) in
+35.6 min; `"algorithm": "dapo", "max_extra_draws": 0` with the KL kept (28 s a step) drifted from the base (KL
+0.3-0.96) and was stopped after 46 steps.
 """
 
 from __future__ import annotations
