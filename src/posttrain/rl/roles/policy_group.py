@@ -129,7 +129,8 @@ class PolicyGroup(SPMDGroup):
 def rows_with_gradient(batch: TrainBatch, rows: list[int], n_ranks: int) -> list[int]:
     """The rows of `rows` the update must run: all of them when the loss has a KL term (reference log-probs in
     the batch: a zero-advantage row still pulls towards the reference), else those whose advantages are not all
-    exactly 0. At least `n_ranks` rows (every rank runs a forward and backward, or DDP hangs): the shortest zero-advantage rows make up the count (their gradient is 0). Ascending."""
+    exactly 0. At least `n_ranks` rows (every rank runs a forward and backward, or DDP hangs): the shortest
+    zero-advantage rows make up the count (their gradient is 0). Ascending."""
     if batch.ref_logprobs:
         return list(rows)
 
@@ -139,7 +140,8 @@ def rows_with_gradient(batch: TrainBatch, rows: list[int], n_ranks: int) -> list
 
     kept = [i for i in rows if not zero(i)]
     if len(kept) < min(n_ranks, len(rows)):
-        spare = sorted((i for i in rows if zero(i)), key=lambda i: len(batch.prompt_ids[i]) + len(batch.response_ids[i]))
+        spare = sorted((i for i in rows if zero(i)),
+                       key=lambda i: len(batch.prompt_ids[i]) + len(batch.response_ids[i]))
         kept += spare[:min(n_ranks, len(rows)) - len(kept)]
     return sorted(kept)
 
