@@ -191,22 +191,25 @@ def test_rows_without_gradient_are_not_run_and_the_update_is_the_same(folders, w
     KL term every row is sent; a batch with no gradient at all still sends one row per rank (the step runs)."""
     from dataclasses import replace
 
+    from posttrain.rl.remote import LocalActor
     from posttrain.rl.roles.common import worker_identity
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_group import PolicyGroup, rows_with_gradient
 
     rl = RLConfig(temperature=1.0, lr=1e-3, loss_agg=loss_agg)
     b = replace(_policy_batch(folders, rl), advantages=[1.0, -1.0, 0.0, 0.0, 2.0, -2.0])
-    group = PolicyGroup([None], [worker_identity("policy", 0, 1)], 60, micro_batch_size=2)
+    tokens = sum(len(r) for r in b.response_ids)
+    full_worker = PolicyWorker(str(folders["llama"]), rl, 0, 1)
+    full_worker.setup_process_group("127.0.0.1", 0, 60)
+    full, wf = full_worker.update(b, global_tokens=tokens, global_seqs=6, n_micro=2), full_worker.state_dict()
+    w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
+    group = PolicyGroup([LocalActor(w)], [worker_identity("policy", 0, 1)], 60, micro_batch_size=2)
     (shard,), counts = group._shard(b, list(range(6)))
     assert shard.advantages == [1.0, -1.0, 2.0, -2.0]
-    assert counts == (sum(len(r) for r in b.response_ids), 6, 2)  # the whole batch's tokens and sequences
-    out = []
-    for batch, args in ((b, (counts[0], 6, 2)), (shard, counts)):
-        w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
-        w.setup_process_group("127.0.0.1", 0, 60)
-        out.append((w.update(batch, *args), w.state_dict()))
-    (full, wf), (part, wp) = out
+    assert counts == (tokens, 6, 2)  # the whole batch's tokens and sequences
+    w.setup_process_group("127.0.0.1", 0, 60)
+    part, wp = group.update(b), w.state_dict()  # through the group: shards, sends, gathers, counts the skipped
+    assert part.skipped_rows == 2 and part.policy_version == 1
     assert full.applied and part.applied and full.grad_norm > 0
     assert abs(full.loss - part.loss) < 1e-6 and abs(full.grad_norm - part.grad_norm) < 1e-6 * full.grad_norm
     assert max(float((wf[k] - wp[k]).abs().max()) for k in wf) < 1e-5  # AdamW magnifies rounding (steps ~1e-3)
