@@ -113,6 +113,7 @@ def score(completion, answer, metadata):
 
 BUILD = '''import json, sys, reasoning_gym as rg
 task, train_n, eval_n, split, out = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+train_task = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
 name = task.pop("name")
 rows = list(rg.create_dataset(name, size=train_n + 4 * eval_n, seed=1, **task))  # item i is seeded by seed + i
 if split == "train_first":  # held out: later questions not in train (a small problem space ends up mostly in train)
@@ -122,14 +123,21 @@ if split == "train_first":  # held out: later questions not in train (a small pr
 else:  # held_out_first: the task's own mix of problems, and train without them
     held = list({r["question"]: r for r in rows[:4 * eval_n]}.values())[:eval_n]
     seen = {r["question"] for r in held}
-    train = [r for r in rows[4 * eval_n:] if r["question"] not in seen]
+    if train_task is None:
+        train = [r for r in rows[4 * eval_n:] if r["question"] not in seen]
+    else:  # train questions from another config (or dataset), none of them held out
+        train_name = train_task.pop("name")
+        train = [r for r in rg.create_dataset(train_name, size=train_n, seed=2, **train_task)
+                 if r["question"] not in seen]
 if len(held) < eval_n:
     sys.exit(f"only {len(held)} distinct held-out questions not in train; need {eval_n}")
+if not train:
+    sys.exit("no train question is left once the held-out ones are dropped")
 for fname, part in (("train.jsonl", train), ("test.jsonl", held)):
     with open(f"{out}/{fname}", "w") as f:
         for r in part:
             f.write(json.dumps({"question": r["question"], "answer": r["answer"], "metadata": r["metadata"]}) + "\\n")
-print(len(train), len(held))
+print(len(train), len(held), len({r["question"] for r in train}))
 '''
 
 
@@ -145,13 +153,17 @@ def install_reasoning_gym() -> Path:
 
 
 def build_task(folder: Path, deps: Path, train_n: int, eval_n: int, reward: str, split: str,
-               task: dict | None = None) -> dict:
+               task: dict | None = None, train_task: dict | None = None) -> dict:
     """train.jsonl, test.jsonl and rewards/rg_reward.py in `folder` for reasoning-gym dataset `task` ({"name": ...,
-    its config fields}; default TASK); returns the data and reward overrides."""
+    its config fields}; default TASK); with `train_task` (split held_out_first only) the train questions come from
+    that config instead, none of them held out. Returns the data and reward overrides."""
+    if train_task is not None and split != "held_out_first":
+        raise SystemExit("--train-task needs --split held_out_first: the held-out set is the task's own mix")
     (folder / "rewards").mkdir(parents=True, exist_ok=True)
     (folder / "rewards" / "rg_reward.py").write_text(REWARDS[reward])
     subprocess.run([sys.executable, "-c", BUILD, json.dumps(task or TASK), str(train_n), str(eval_n), split,
-                    str(folder)], check=True, env={**os.environ, "PYTHONPATH": str(deps)})
+                    str(folder), *([json.dumps(train_task)] if train_task is not None else [])],
+                   check=True, env={**os.environ, "PYTHONPATH": str(deps)})
     return {"data": {"task": "", "files": [str(folder / "train.jsonl")], "eval_files": [str(folder / "test.jsonl")],
                      "eval_size": 0, "schema": "prompt_answer", "prompt_field": "question"},
             "reward": {"fn": "rg_reward:score", "python_path": [str(folder / "rewards"), str(deps)]},
@@ -203,7 +215,7 @@ def overrides(task: dict, extra: dict) -> dict:
 
 
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], eval_n: int, train_n: int,
-          spec: dict) -> str:
+          spec: dict, train_spec: dict | None = None) -> str:
     """The README block: one row per seed (sampled accuracy only when the recipe's eval.k > 0), the change, and
     how to reproduce it."""
     sampled = all(r.get("sft_sampled_accuracy", -1.0) >= 0 for r in rows)
@@ -220,14 +232,27 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], e
     g = [r["d_greedy"] for r in rows]
     command = " ".join(["bench/real_model.py", *[a for a in argv if a != "--write-readme"]])
     task = json.dumps({k: v for k, v in spec.items() if k != "name"})
+    trained_on = ("" if train_spec is None else f"; the train questions from `{train_spec['name']}` "
+                  f"({json.dumps({k: v for k, v in train_spec.items() if k != 'name'})})")
     lines += ["", (f"SmolLM2-135M-Instruct, reasoning-gym {RG_VERSION} `{spec['name']}` ({task}), {train_n} generated "
-                   f"train / {eval_n} held-out questions (none of them in train); greedy change mean "
+                   f"train / {eval_n} held-out questions (none of them in train{trained_on}); greedy change mean "
                    f"{statistics.mean(g):+.3f} (min {min(g):+.3f}). Greedy is the scorer's accuracy (exactly the "
                    "answer); \"arithmetic right\" counts greedy completions whose last number is the answer, however "
                    "worded. Wall is the whole `pyflyte run` in a fresh store: both evaluations and every RL step. "
                    f"Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load "
                    f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).")]
     return "\n".join(lines)
+
+
+def task_spec(option: str, text: str) -> dict:
+    """A reasoning-gym dataset spec from the command line, checked before anything is installed or run."""
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{option}: not JSON ({e}): {text!r}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or {"size", "seed"} & set(spec):
+        raise SystemExit(f"{option}: expected a JSON object with a \"name\" and no size or seed, got {text!r}")
+    return spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's overrides")
     ap.add_argument("--task", default=json.dumps(TASK),
                     help='reasoning-gym dataset as JSON: {"name": ..., its config fields} (size and seed are set here)')
+    ap.add_argument("--train-task", default=None,
+                    help="reasoning-gym dataset as JSON for the train questions only (--split held_out_first): "
+                    "the held-out set stays --task's own mix, and no train question is held out")
     ap.add_argument("--train", type=int, default=2000, help="generated train questions (held-out ones dropped)")
     ap.add_argument("--eval", type=int, default=256, help="held-out questions")
     ap.add_argument("--reward", choices=sorted(REWARDS), default="number",
@@ -250,13 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not (MODEL / "model.safetensors").is_file():
         raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")
-    spec = json.loads(args.task)
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or {"size", "seed"} & set(spec):
-        raise SystemExit(f"--task: expected a JSON object with a \"name\" and no size or seed, got {args.task!r}")
+    spec = task_spec("--task", args.task)
+    train_spec = None if args.train_task is None else task_spec("--train-task", args.train_task)
+    if train_spec is not None and args.split != "held_out_first":
+        raise SystemExit("--train-task needs --split held_out_first: the held-out set is --task's own mix")
     deps = install_reasoning_gym()
     rows = []
     with tempfile.TemporaryDirectory(prefix="posttrain-real-") as tmp:
-        task = build_task(Path(tmp) / "task", deps, args.train, args.eval, args.reward, args.split, spec)
+        task = build_task(Path(tmp) / "task", deps, args.train, args.eval, args.reward, args.split, spec, train_spec)
         for s in args.seeds:
             home = Path(tmp) / f"home{s}"
             row, out = run_pipeline(s, args.recipe, overrides(task, json.loads(args.overrides)), home)
@@ -269,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     load = os.getloadavg()
-    block = table(rows, argv if argv is not None else sys.argv[1:], load, args.eval, args.train, spec)
+    block = table(rows, argv if argv is not None else sys.argv[1:], load, args.eval, args.train, spec, train_spec)
     print(block)
     if args.write_readme:
         write_readme(ROOT / "README.md", block, BEGIN, END)
