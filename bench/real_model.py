@@ -53,12 +53,14 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
@@ -215,9 +217,10 @@ def overrides(task: dict, extra: dict) -> dict:
 
 
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], eval_n: int, train_n: int,
-          spec: dict, train_spec: dict | None = None) -> str:
+          spec: dict, train_spec: dict | None = None, earlier: list[Earlier] = ()) -> str:
     """The README block: one row per seed (sampled accuracy only when the recipe's eval.k > 0), the change, and
-    how to reproduce it."""
+    how to reproduce it; the seeds of `earlier` runs (`--rows-from`) first, each named with its own command."""
+    rows = [r for run in earlier for r in run.rows] + rows
     sampled = all(r.get("sft_sampled_accuracy", -1.0) >= 0 for r in rows)
     head = (["seed", "folder greedy", "RL greedy", "change greedy"] + (["folder sampled", "RL sampled"] if sampled else [])
             + ["folder arithmetic right", "RL arithmetic right"])
@@ -230,7 +233,9 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], e
         cells += [f"{r['folder_arithmetic']:.3f}", f"{r['rl_arithmetic']:.3f}"]
         lines.append("| " + " | ".join(cells + [f"{r['wall_s'] / 60:.1f} min"]) + " |")
     g = [r["d_greedy"] for r in rows]
-    command = " ".join(["bench/real_model.py", *[a for a in argv if a != "--write-readme"]])
+    command = shlex.join(["bench/real_model.py", *_drop(argv, {"--write-readme"}, {"--rows-from", "--keep"})])
+    before = "".join(f" Seed{'s' if len(run.rows) > 1 else ''} {', '.join(str(r['seed']) for r in run.rows)} from an "
+                     f"earlier run of the same command (its output: `{run.log}`; {run.stamp})." for run in earlier)
     task = json.dumps({k: v for k, v in spec.items() if k != "name"})
     trained_on = ("" if train_spec is None else f"; the train questions from `{train_spec['name']}` "
                   f"({json.dumps({k: v for k, v in train_spec.items() if k != 'name'})})")
@@ -240,8 +245,47 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], e
                    "answer); \"arithmetic right\" counts greedy completions whose last number is the answer, however "
                    "worded. Wall is the whole `pyflyte run` in a fresh store: both evaluations and every RL step. "
                    f"Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load "
-                   f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).")]
+                   f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).{before}")]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """Seeds measured by an earlier run of this script, read back from its saved output (`--rows-from`)."""
+
+    log: str
+    rows: list[dict]
+    stamp: str  # "DATE, commit C; load average ... at the end", as that run printed it
+
+
+def _drop(argv: list[str], flags: set[str], with_values: set[str]) -> list[str]:
+    """argv without `flags` and without the options in `with_values` and their values (`--seeds` takes several)."""
+    out, skip = [], False
+    for a in argv:
+        if skip and not a.startswith("--"):
+            continue
+        skip = a in with_values
+        if not skip and a not in flags:
+            out.append(a)
+    return out
+
+
+def read_earlier(log: Path, argv: list[str]) -> Earlier:
+    """The per-seed rows an earlier run printed, refused unless its command is this one's but for the seeds and
+    where it kept its files (the table would mix two recipes)."""
+    text = log.read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.startswith('{"seed": ')]
+    found = re.findall(r"Command: `\.venv/bin/python bench/real_model\.py (.*?)` \((.*?)\)\.", text, re.DOTALL)
+    if not rows or len(found) != 1:
+        raise SystemExit(f"--rows-from {log}: expected this script's output (its JSON rows and one Command line)")
+    # compared as words: an older run printed its command unquoted, a newer one shell-quoted (JSON has no ')
+    theirs = found[0][0].replace("\n", " ").replace("'", "").split(" --")
+    mine = " ".join(_drop(argv, {"--write-readme"}, {"--rows-from"})).split(" --")
+    same = sorted(o for o in theirs if not o.startswith(("--seeds", "seeds", "keep")))
+    if same != sorted(o for o in mine if not o.startswith(("--seeds", "seeds", "keep"))):
+        raise SystemExit(f"--rows-from {log}: its run's options differ from this one's:\n  {' --'.join(theirs)}\n"
+                         f"  {' --'.join(mine)}")
+    return Earlier(str(log), rows, found[0][1].replace("\n", " "))
 
 
 def task_spec(option: str, text: str) -> dict:
@@ -274,8 +318,16 @@ def main(argv: list[str] | None = None) -> int:
                     "held-out set is the task's own mix, train is the rest")
     ap.add_argument("--keep", type=Path, default=None,
                     help="copy each seed's steps.jsonl and evaluation reports into KEEP/seed<N>/")
+    ap.add_argument("--rows-from", type=Path, nargs="+", default=[],
+                    help="the saved output of earlier runs of the same command with other seeds: their rows go "
+                    "into this run's table (a seed per run within an hour each, one README figure)")
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
+    argv = argv if argv is not None else sys.argv[1:]
+    earlier = [read_earlier(log, argv) for log in args.rows_from]
+    seen = [r["seed"] for run in earlier for r in run.rows] + args.seeds
+    if len(set(seen)) != len(seen):
+        raise SystemExit(f"--rows-from: a seed measured twice ({seen})")
     if not (MODEL / "model.safetensors").is_file():
         raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")
     spec = task_spec("--task", args.task)
@@ -298,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     load = os.getloadavg()
-    block = table(rows, argv if argv is not None else sys.argv[1:], load, args.eval, args.train, spec, train_spec)
+    block = table(rows, argv, load, args.eval, args.train, spec, train_spec, earlier)
     print(block)
     if args.write_readme:
         write_readme(ROOT / "README.md", block, BEGIN, END)
