@@ -5,6 +5,7 @@
     .venv/bin/python bench/real_model.py --seeds 0 --reward raw --split held_out_first
     .venv/bin/python bench/real_model.py --write-readme     # also rewrite the README's real_model block
     .venv/bin/python bench/real_model.py --task '{"name": "basic_arithmetic", "max_terms": 2, "max_digits": 2}'
+    .venv/bin/python bench/real_model.py --seeds 1 ... --rows-from seed0.log --write-readme  # a seed per run, one table
 
 What it does, as a user would with their own model, data and scorer:
 1. installs reasoning-gym (PyPI, pinned) with `pip install --target` into `<cache>/reasoning-gym/<version>`,
@@ -12,7 +13,9 @@ What it does, as a user would with their own model, data and scorer:
 2. builds the task with it: `chain_sum` problems (`State the final answer to the following arithmetic problem:
    6 + 0 - 1 =`), 2 or 3 one-digit terms, a train file and a held-out file of distinct questions (none of them
    in train; `--split`), each row with reasoning-gym's own `metadata`; `--task` names another reasoning-gym
-   dataset and its config (bench/task_probe.py says what the model can already do on one);
+   dataset and its config (bench/task_probe.py says what the model can already do on one); `--train-task` takes
+   the train questions from another config (with `--split held_out_first`: the held-out set stays `--task`'s own
+   mix, and no train question is held out);
 3. writes the reward (`rg_reward:score`, `--reward`): reasoning-gym's own scorer for the row
    (`get_score_answer_fn(metadata["source_dataset"])`), given the completion's last number (`number`, the
    default) or the completion as it is (`raw`: 1.0 only for exactly the answer, `len(answer) / len(completion)`
