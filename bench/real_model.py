@@ -334,12 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     seen = [r["seed"] for run in earlier for r in run.rows] + args.seeds
     if len(set(seen)) != len(seen):
         raise SystemExit(f"--rows-from: a seed measured twice ({seen})")
-    if not (MODEL / "model.safetensors").is_file():
-        raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")
     spec = task_spec("--task", args.task)
     train_spec = None if args.train_task is None else task_spec("--train-task", args.train_task)
     if train_spec is not None and args.split != "held_out_first":
         raise SystemExit("--train-task needs --split held_out_first: the held-out set is --task's own mix")
+    if not (MODEL / "model.safetensors").is_file():
+        raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")
     deps = install_reasoning_gym()
     rows = []
     with tempfile.TemporaryDirectory(prefix="posttrain-real-") as tmp:

@@ -1,0 +1,91 @@
+"""bench/real_model.py's table of seeds from separate runs (`--rows-from`) and its task options: an earlier run's
+rows join the table only when its command is this run's but for the seeds and where it kept its files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import real_model  # noqa: E402
+
+TRAIN_TASK = '{"name": "chain_sum", "min_terms": 2, "max_terms": 2}'
+OVERRIDES = '{"rl": {"temperature": 0.7, "steps": 60}}'
+
+
+def argv(seed: int, steps: int = 60, keep: str = "/tmp/k1") -> list[str]:
+    return ["--seeds", str(seed), "--split", "held_out_first", "--keep", keep, "--train-task", TRAIN_TASK,
+            "--overrides", OVERRIDES.replace("60", str(steps))]
+
+
+def earlier_log(tmp_path: Path, seed: int, quoted: bool) -> Path:
+    """What a run of this script prints: a JSON row per seed, then the table ending in its Command line (older
+    runs printed the command unquoted, newer ones shell-quoted)."""
+    args = argv(seed, keep="/tmp/k0")
+    command = real_model.shlex.join(args) if quoted else " ".join(args)
+    row = {"seed": seed, "wall_s": 3000.0, "sft_greedy_accuracy": 0.25, "rl_greedy_accuracy": 0.375,
+           "d_greedy": 0.125, "folder_arithmetic": 0.25, "rl_arithmetic": 0.375}
+    log = tmp_path / f"seed{seed}.log"
+    log.write_text(f"872 256 90\n{json.dumps(row)}\n| seed | ... |\n\nSmolLM2 ... Command: `.venv/bin/python "
+                   f"bench/real_model.py {command}` (2026-11-27, commit abc1234; load average 2.00 2.00 2.00 at the "
+                   "end).\n")
+    return log
+
+
+@pytest.mark.parametrize("quoted", [False, True])
+def test_an_earlier_seed_of_the_same_command_joins_the_table(tmp_path, quoted):
+    log = earlier_log(tmp_path, 0, quoted)
+    mine = [*argv(1), "--rows-from", str(log), "--write-readme"]
+    earlier = real_model.read_earlier(log, mine)
+    assert [r["seed"] for r in earlier.rows] == [0]
+    assert earlier.stamp == "2026-11-27, commit abc1234; load average 2.00 2.00 2.00 at the end"
+    row = {"seed": 1, "wall_s": 2700.0, "sft_greedy_accuracy": 0.25, "rl_greedy_accuracy": 0.5, "d_greedy": 0.25,
+           "folder_arithmetic": 0.25, "rl_arithmetic": 0.5}
+    block = real_model.table([row], mine, (2.0, 2.0, 2.0), 256, 2000, dict(real_model.TASK), json.loads(TRAIN_TASK),
+                             [earlier])
+    lines = block.splitlines()
+    assert lines[2].startswith("| 0 | 0.250 | 0.375 | +0.125 |") and lines[3].startswith("| 1 | 0.250 | 0.500 |")
+    assert "greedy change mean +0.188 (min +0.125)" in block
+    assert f"Seed 0 from an earlier run of the same command (its output: `{log}`; 2026-11-27" in block
+    # the command shown is the one to paste: shell-quoted, without where this run kept its files or read rows from
+    assert f"--train-task '{TRAIN_TASK}'" in block
+    assert "--keep" not in block and "--rows-from" not in block and "--write-readme" not in block
+    assert "the train questions from `chain_sum`" in block
+
+
+def test_an_earlier_run_with_other_settings_is_refused(tmp_path):
+    log = earlier_log(tmp_path, 0, quoted=True)
+    with pytest.raises(SystemExit, match="options differ"):
+        real_model.read_earlier(log, [*argv(1, steps=50), "--rows-from", str(log)])
+    with pytest.raises(SystemExit, match="options differ"):
+        real_model.read_earlier(log, [a for a in argv(1) if a not in ("--train-task", TRAIN_TASK)])
+
+
+def test_output_that_is_not_this_scripts_is_refused(tmp_path):
+    log = tmp_path / "other.log"
+    log.write_text("some other output\n")
+    with pytest.raises(SystemExit, match="expected this script's output"):
+        real_model.read_earlier(log, argv(1))
+
+
+def test_a_seed_measured_twice_and_a_train_task_without_held_out_first_are_refused(tmp_path):
+    log = earlier_log(tmp_path, 0, quoted=True)
+    with pytest.raises(SystemExit, match="a seed measured twice"):
+        real_model.main([*argv(0), "--rows-from", str(log)])
+    with pytest.raises(SystemExit, match="needs --split held_out_first"):
+        real_model.main(["--split", "train_first", "--train-task", TRAIN_TASK])
+
+
+@pytest.mark.parametrize("text, match", [("{bad", "not JSON"), ('{"size": 3}', "a JSON object with a"),
+                                         ('{"name": "chain_sum", "seed": 1}', "no size or seed")])
+def test_task_specs_are_checked_before_anything_runs(text, match):
+    with pytest.raises(SystemExit, match=match):
+        real_model.task_spec("--train-task", text)
+
+
+def test_drop_removes_flags_and_options_with_their_values():
+    assert real_model._drop(["--seeds", "0", "1", "--keep", "/k", "--split", "x", "--write-readme"],
+                            {"--write-readme"}, {"--seeds", "--keep"}) == ["--split", "x"]
