@@ -3,17 +3,32 @@ rows join the table only when its command is this run's but for the seeds and wh
 
 from __future__ import annotations
 
+import importlib
 import json
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import real_model  # noqa: E402
+BENCH = str(Path(__file__).resolve().parents[2] / "bench")
 
 TRAIN_TASK = '{"name": "chain_sum", "min_terms": 2, "max_terms": 2}'
 OVERRIDES = '{"rl": {"temperature": 0.7, "steps": 60}}'
+
+
+@pytest.fixture(scope="module")
+def real_model():
+    """bench/real_model.py, imported with bench/ on sys.path only while this module's tests run (it imports
+    default_seeds from there; bench's module names must not shadow anything for later tests)."""
+    saved = list(sys.path)
+    sys.path.insert(0, BENCH)
+    try:
+        yield importlib.import_module("real_model")
+    finally:
+        sys.path[:] = saved
+        for name in ("real_model", "default_seeds"):
+            sys.modules.pop(name, None)
 
 
 def argv(seed: int, steps: int = 60, keep: str = "/tmp/k1") -> list[str]:
@@ -25,7 +40,7 @@ def earlier_log(tmp_path: Path, seed: int, quoted: bool) -> Path:
     """What a run of this script prints: a JSON row per seed, then the table ending in its Command line (older
     runs printed the command unquoted, newer ones shell-quoted)."""
     args = argv(seed, keep="/tmp/k0")
-    command = real_model.shlex.join(args) if quoted else " ".join(args)
+    command = shlex.join(args) if quoted else " ".join(args)
     row = {"seed": seed, "wall_s": 3000.0, "sft_greedy_accuracy": 0.25, "rl_greedy_accuracy": 0.375,
            "d_greedy": 0.125, "folder_arithmetic": 0.25, "rl_arithmetic": 0.375}
     log = tmp_path / f"seed{seed}.log"
@@ -36,7 +51,7 @@ def earlier_log(tmp_path: Path, seed: int, quoted: bool) -> Path:
 
 
 @pytest.mark.parametrize("quoted", [False, True])
-def test_an_earlier_seed_of_the_same_command_joins_the_table(tmp_path, quoted):
+def test_an_earlier_seed_of_the_same_command_joins_the_table(real_model, tmp_path, quoted):
     log = earlier_log(tmp_path, 0, quoted)
     mine = [*argv(1), "--rows-from", str(log), "--write-readme"]
     earlier = real_model.read_earlier(log, mine)
@@ -56,7 +71,7 @@ def test_an_earlier_seed_of_the_same_command_joins_the_table(tmp_path, quoted):
     assert "the train questions from `chain_sum`" in block
 
 
-def test_an_earlier_run_with_other_settings_is_refused(tmp_path):
+def test_an_earlier_run_with_other_settings_is_refused(real_model, tmp_path):
     log = earlier_log(tmp_path, 0, quoted=True)
     with pytest.raises(SystemExit, match="options differ"):
         real_model.read_earlier(log, [*argv(1, steps=50), "--rows-from", str(log)])
@@ -64,14 +79,14 @@ def test_an_earlier_run_with_other_settings_is_refused(tmp_path):
         real_model.read_earlier(log, [a for a in argv(1) if a not in ("--train-task", TRAIN_TASK)])
 
 
-def test_output_that_is_not_this_scripts_is_refused(tmp_path):
+def test_output_that_is_not_this_scripts_is_refused(real_model, tmp_path):
     log = tmp_path / "other.log"
     log.write_text("some other output\n")
     with pytest.raises(SystemExit, match="expected this script's output"):
         real_model.read_earlier(log, argv(1))
 
 
-def test_a_seed_measured_twice_and_a_train_task_without_held_out_first_are_refused(tmp_path):
+def test_a_seed_measured_twice_and_a_train_task_without_held_out_first_are_refused(real_model, tmp_path):
     log = earlier_log(tmp_path, 0, quoted=True)
     with pytest.raises(SystemExit, match="a seed measured twice"):
         real_model.main([*argv(0), "--rows-from", str(log)])
@@ -81,11 +96,11 @@ def test_a_seed_measured_twice_and_a_train_task_without_held_out_first_are_refus
 
 @pytest.mark.parametrize("text, match", [("{bad", "not JSON"), ('{"size": 3}', "a JSON object with a"),
                                          ('{"name": "chain_sum", "seed": 1}', "no size or seed")])
-def test_task_specs_are_checked_before_anything_runs(text, match):
+def test_task_specs_are_checked_before_anything_runs(real_model, text, match):
     with pytest.raises(SystemExit, match=match):
         real_model.task_spec("--train-task", text)
 
 
-def test_drop_removes_flags_and_options_with_their_values():
+def test_drop_removes_flags_and_options_with_their_values(real_model):
     assert real_model._drop(["--seeds", "0", "1", "--keep", "/k", "--split", "x", "--write-readme"],
                             {"--write-readme"}, {"--seeds", "--keep"}) == ["--split", "x"]
