@@ -223,7 +223,7 @@ def overrides(task: dict, extra: dict) -> dict:
 
 
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], eval_n: int, train_n: int,
-          spec: dict, train_spec: dict | None = None, earlier: list[Earlier] = ()) -> str:
+          spec: dict, train_spec: dict | None = None, earlier: tuple[Earlier, ...] = ()) -> str:
     """The README block: one row per seed (sampled accuracy only when the recipe's eval.k > 0), the change, and
     how to reproduce it; the seeds of `earlier` runs (`--rows-from`) first, each named with its own command."""
     rows = [r for run in earlier for r in run.rows] + rows
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args(argv)
     argv = argv if argv is not None else sys.argv[1:]
-    earlier = [read_earlier(log, argv) for log in args.rows_from]
+    earlier = tuple(read_earlier(log, argv) for log in args.rows_from)
     seen = [r["seed"] for run in earlier for r in run.rows] + args.seeds
     if len(set(seen)) != len(seen):
         raise SystemExit(f"--rows-from: a seed measured twice ({seen})")

@@ -60,7 +60,7 @@ def test_an_earlier_seed_of_the_same_command_joins_the_table(real_model, tmp_pat
     row = {"seed": 1, "wall_s": 2700.0, "sft_greedy_accuracy": 0.25, "rl_greedy_accuracy": 0.5, "d_greedy": 0.25,
            "folder_arithmetic": 0.25, "rl_arithmetic": 0.5}
     block = real_model.table([row], mine, (2.0, 2.0, 2.0), 256, 2000, dict(real_model.TASK), json.loads(TRAIN_TASK),
-                             [earlier])
+                             (earlier,))
     lines = block.splitlines()
     assert lines[2].startswith("| 0 | 0.250 | 0.375 | +0.125 |") and lines[3].startswith("| 1 | 0.250 | 0.500 |")
     assert "greedy change mean +0.188 (min +0.125)" in block
