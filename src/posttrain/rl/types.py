@@ -1,22 +1,22 @@
-"""Typed handoffs between the RL stages, and the Protocol each role group implements.
+"""Typed handoffs between the RL stages.
 
     PromptBatch --rollout--> Trajectories --reward--> Rewards
          Trajectories --reference--> LogProbs             (only when kl_coef > 0)
-         Rewards --grpo.group_advantages--> Advantages
-         Trajectories + Advantages (+ LogProbs) -->    TrainBatch --policy--> UpdateStats
+         Rewards --the algorithm's advantages--> advantages (one per sample or per token)
+         Trajectories + advantages (+ LogProbs) -->    TrainBatch --policy--> UpdateStats
          policy --WeightsHandle--> rollout workers --WeightReport--> controller (version + checksum check)
 
 Every record is frozen and carries the policy version that produced it, so a stale batch or a stale
 worker is detectable where it is consumed. Lists are row-aligned: index i of every per-sample list refers
-to the same trajectory. The controller depends only on the Protocols at the bottom, so a test can drive it
-with in-process fakes as well as with real Ray actor groups.
+to the same trajectory. The controller and the loops take role groups by duck typing (the groups in
+rl/roles/), so a test can drive them with in-process fakes as well as with real Ray actor groups.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from posttrain.config import LossAgg
 
@@ -96,7 +96,7 @@ class Rewards:
 @dataclass(frozen=True, kw_only=True)
 class Scores:
     """A scoring role's answer (a registry row with `scores=True`, e.g. the learned reward models): named
-    columns of per-sample scores, which its group weighs (`ScoringGroup.weighted`) into the step's reward."""
+    columns of per-sample scores, which its group weighs (its `weighted(scores)`) into the step's reward."""
 
     policy_version: int
     """Version of the trajectories they score."""
@@ -117,13 +117,6 @@ class LogProbs:
     """(B, response_len_i) teacher-forced log-probs of the trajectories' tokens (temperature-scaled like the
     rollout) under the frozen reference model."""
     compute_s: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Advantages:
-    policy_version: int
-    values: list[float]
-    """(B,) one advantage per trajectory, broadcast over its response tokens."""
 
 
 class PolicyLoss(str, Enum):
@@ -233,53 +226,6 @@ class WeightReport:
     """Computed from the weights the worker actually holds, not copied from the handle."""
 
 
-# --------------------------------------------------------------------------------------------- groups
-
-
-class RolloutGroup(Protocol):
-    def identities(self) -> list[WorkerId]: ...
-
-    def generate(self, prompts: PromptBatch, *, n: int, temperature: float, max_new_tokens: int,
-                 seed: int, top_p: float = 1.0, top_k: int = 0) -> Trajectories: ...
-
-    def load_weights(self, weights: WeightsHandle) -> list[WeightReport]: ...
-
-
-class RewardGroup(Protocol):
-    def identities(self) -> list[WorkerId]: ...
-
-    def check_arguments(self, columns: list[str]) -> None:
-        """Raise (before any work) if the reward function requires an argument that neither the scorer nor
-        any of these dataset columns supplies."""
-        ...
-
-    def score(self, trajectories: Trajectories) -> Rewards: ...
-
-    weight: float
-    """reward.fn_weight: the functions' weight in the step's reward (1 unless a scoring role adds its own)."""
-
-
-class ScoringGroup(Protocol):
-    """A role that scores samples beside the reward functions (registry `scores=True`): every loop's score phase
-    asks each one and adds its weighted scores to the functions' (loops.common.score)."""
-
-    role: str
-
-    def identities(self) -> list[WorkerId]: ...
-
-    def score(self, trajectories: Trajectories) -> Scores: ...
-
-    def weighted(self, scores: Scores) -> list[float]:
-        """(B,) this role's share of each sample's reward (e.g. sum over models of weight x score)."""
-        ...
-
-
-class ReferenceGroup(Protocol):
-    def identities(self) -> list[WorkerId]: ...
-
-    def log_probs(self, trajectories: Trajectories, *, temperature: float) -> LogProbs: ...
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelPut:
     """What a policy checkpoint is stored as (`ArtifactStore.put` arguments) and where."""
@@ -293,29 +239,3 @@ class ModelPut:
     provenance: dict
     """Written into the checkpoint as `posttrain_rl.json` (parents, step, version): deterministic, no
     timestamps, so an RL checkpoint is its own artifact even when its weights equal the start model's."""
-
-
-class PolicyGroup(Protocol):
-    def identities(self) -> list[WorkerId]: ...
-
-    def update(self, batch: TrainBatch, *, drift_threshold: float) -> UpdateStats:
-        """One update; it also measures the rollout/policy drift on the batch's tokens and stops before the
-        optimizer step (`applied` False) above `drift_threshold` or on a non-finite gradient norm."""
-        ...
-
-    def weights(self) -> WeightsHandle: ...
-
-    def save_model(self, put: ModelPut) -> str:
-        """Rank 0 writes an HF checkpoint (safetensors + tokenizer + `posttrain_rl.json` holding
-        `put.provenance`) of the current weights and stores it as a `model` artifact itself - where the weights
-        are, so no local path crosses nodes; returns the artifact id."""
-        ...
-
-    def save_state(self, state_dir: str) -> None:
-        """Every rank writes what it needs to resume (optimizer, RNG, version) into `state_dir`, a local folder
-        or an fsspec URL (artifacts/state.py), each file atomically."""
-        ...
-
-    def load_state(self, state_dir: str) -> int:
-        """Restore from save_state (same kind of location); returns the restored policy version."""
-        ...

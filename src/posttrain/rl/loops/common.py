@@ -43,19 +43,20 @@ class NonFiniteError(RuntimeError):
 @dataclass(frozen=True, kw_only=True)
 class PolicyGradientRoles:
     """The role groups every policy-gradient loop reads; an algorithm's own `Roles` adds to these (PPO: critic).
-    The groups' Protocols are in rl.types."""
+    The groups are the classes in rl/roles/ (or in-process fakes with the same methods)."""
 
     rollout: object
-    """RolloutGroup."""
+    """roles.rollout.RolloutGroup (or PolicyRollout)."""
     reward: object
-    """RewardGroup."""
+    """roles.reward.RewardGroup."""
     policy: object
-    """PolicyGroup."""
+    """roles.policy_group.PolicyGroup."""
     reference: object | None = None
-    """ReferenceGroup: present exactly when rl.kl_coef > 0."""
+    """roles.reference.ReferenceGroup (or PolicyBaseReference): present exactly when rl.kl_coef > 0."""
     scorers: tuple = ()
-    """The run's scoring groups (registry rows with `scores=True`, e.g. the learned reward models; rl.types.
-    ScoringGroup), in ROLES order: `score` adds each one's weighted scores to the functions'."""
+    """The run's scoring groups (registry rows with `scores=True`, e.g. the learned reward models: `role`,
+    `score(Trajectories) -> Scores`, `weighted(Scores)`), in ROLES order: `score` adds each one's weighted scores
+    to the functions'."""
 
 
 class Loop:

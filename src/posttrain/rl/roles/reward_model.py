@@ -65,7 +65,7 @@ class RewardModelWorker:
 
 class RewardModelGroup:
     """Fan-out over reward-model workers: length-balanced shards -> .remote -> gather -> merge in order. A
-    scoring group (types.ScoringGroup)."""
+    scoring group (registry `scores=True`): `role`, `score` and `weighted` are what loops.common.score reads."""
 
     role = "reward_model"
 
