@@ -111,14 +111,3 @@ def _raise_if_lost(pending: list, names: dict, stage: str, *, because: str) -> N
                                   f"after it): {e}") from e
         except ray.exceptions.RayError:
             pass
-
-
-def is_ref(x: Any) -> bool:
-    if isinstance(x, LocalRef):
-        return True
-    try:
-        import ray
-
-        return isinstance(x, ray.ObjectRef)
-    except ImportError:
-        return False
