@@ -1,9 +1,8 @@
 """On-policy RL on Ray (GRPO, PPO): one controller, role groups declared once, algorithms as loops, typed handoffs.
 
 Where to read what:
-- types.py        the frozen handoffs (PromptBatch -> Trajectories -> Rewards -> ... -> WeightReport) and the
-                  Protocol each role group implements
-- roles/registry.py  every role declared once (worker, group, fan-out, handoffs, trains, KubeRay group, count)
+- types.py        the frozen handoffs (PromptBatch -> Trajectories -> Rewards -> ... -> WeightReport)
+- roles/registry.py  every role declared once (worker, group, trains, KubeRay group, count)
 - loops/          one file per algorithm: its step, top to bottom (grpo.py, ppo.py); common.py: the shared
                   phases with their gates
 - controller.py   `Controller`: resume, the algorithm's step, weight sync, metrics, checkpoints

@@ -1,5 +1,4 @@
-"""Every RL role, declared once: what runs it, how calls fan out, what it takes and returns, whether it trains,
-where it is placed. Everything that used to name roles reads this table instead:
+"""Every RL role, declared once: what runs it, whether it trains, where it is placed. Everything that used to name roles reads this table instead:
 
     reader                                   reads
     placement.plan_placement                 role_counts(settings) (worker counts), kuberay_group
@@ -12,8 +11,7 @@ where it is placed. Everything that used to name roles reads this table instead:
 
 A role is one row of ROLES (a plain dict you can grep). Adding one means: its worker and group (own files),
 its row here, and its settings (config/sections.py); the algorithm that reads it names it in its own roles
-dataclass (rl/loops/). Fan-out is named per method in `fan_out` so a reader of the table sees whether a
-call goes to one worker, to all of them (SPMD), or is split across them, as the group's code does it.
+dataclass (rl/loops/). How a call fans out over the workers (one, all, split) is the group's own code.
 
 Worker counts and whether a role runs are functions of the run's settings, so `posttrain plan` can show them
 before anything starts. Constructor arguments are built here, not in `rl.run`, so the start-up code has no
@@ -25,21 +23,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig
-
-
-class FanOut(str, Enum):
-    ONE = "one"
-    """One worker answers (rank 0 of an SPMD group: weights, the checkpoint's model files)."""
-    ALL = "all"
-    """Every worker runs the same call on the same input (SPMD set-up, checkpoint state)."""
-    SPLIT_TOKENS = "split_tokens"
-    """The batch is split into token-balanced shards, one per worker, and merged back in order."""
-    SPLIT_EVEN = "split_even"
-    """Contiguous shards of near-equal count (keeps the samples of one prompt together)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,12 +75,6 @@ class RoleSpec:
     """"module:Class" of the worker: one Ray actor per rank (imported only where the actors start)."""
     group: str
     """"module:Class" of the controller-side group that fans calls out over the workers and merges."""
-    fan_out: dict[str, FanOut]
-    """The group's methods and how each goes to the workers."""
-    takes: tuple[str, ...]
-    """Handoff types (rl.types) its group's methods take."""
-    returns: tuple[str, ...]
-    """Handoff types they return."""
     trains: bool
     """True: it has an optimizer, so its state is checkpointed with the policy's and restored on resume (and
     its group is an SPMD torch.distributed group, set up once its workers start)."""
@@ -109,8 +89,9 @@ class RoleSpec:
     reads_models: tuple[ModelSetting, ...] = ()
     """The settings that name models it loads (stored and put in the RL model's lineage by rl.model_inputs)."""
     scores: bool = False
-    """True: it scores samples beside the reward functions (types.ScoringGroup). Every loop's score phase asks
-    each such role, in ROLES order, and adds its weighted scores to the reward - no loop names it."""
+    """True: it scores samples beside the reward functions (its group has `role`, `score` and `weighted`). Every
+    loop's score phase asks each such role, in ROLES order, and adds its weighted scores to the reward - no loop
+    names it."""
 
 
 def _gen_threads(s: RunSettings) -> int:
@@ -139,25 +120,20 @@ def _lora(s: RunSettings) -> bool:
 ROLES: dict[str, RoleSpec] = {
     "rollout": RoleSpec(
         name="rollout", worker="posttrain.rl.roles.rollout:RolloutWorker",
-        group="posttrain.rl.roles.rollout:RolloutGroup",
-        fan_out={"generate": FanOut.SPLIT_EVEN, "load_weights": FanOut.ALL},
-        takes=("PromptBatch", "WeightsHandle"), returns=("Trajectories", "WeightReport"), trains=False,
+        group="posttrain.rl.roles.rollout:RolloutGroup", trains=False,
         kuberay_group="rollout", workers=lambda s: s.placement.rollout_workers,
         enabled=lambda s: not _policy_generates(s),
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, 0, s.model, s.rl.rollout_backend,
                                         _gen_threads(s))),
     "reward": RoleSpec(
         name="reward", worker="posttrain.rl.roles.reward:RewardWorker",
-        group="posttrain.rl.roles.reward:RewardGroup",
-        fan_out={"check_arguments": FanOut.ONE, "score": FanOut.SPLIT_EVEN},
-        takes=("Trajectories",), returns=("Rewards",), trains=False, kuberay_group="train",
+        group="posttrain.rl.roles.reward:RewardGroup", trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reward_workers, enabled=lambda s: True,
         worker_args=lambda s, rank, n: (s.reward, rank, n),
         group_args=lambda ctx: {"weight": ctx.settings.reward.fn_weight}),
     "reward_model": RoleSpec(
         name="reward_model", worker="posttrain.rl.roles.reward_model:RewardModelWorker",
-        group="posttrain.rl.roles.reward_model:RewardModelGroup",
-        fan_out={"score": FanOut.SPLIT_TOKENS}, takes=("Trajectories",), returns=("Scores",), trains=False,
+        group="posttrain.rl.roles.reward_model:RewardModelGroup", trains=False,
         kuberay_group="train", workers=lambda s: s.placement.reward_model_workers,
         enabled=lambda s: bool(s.reward.models),
         worker_args=lambda s, rank, n: (s.reward.models, rank, n, s.model, _gen_threads(s)),
@@ -166,35 +142,24 @@ ROLES: dict[str, RoleSpec] = {
         reads_models=(ModelSetting("reward", "models", kinds=("reward_model", "model")),), scores=True),
     "reference": RoleSpec(
         name="reference", worker="posttrain.rl.roles.reference:ReferenceWorker",
-        group="posttrain.rl.roles.reference:ReferenceGroup",
-        fan_out={"log_probs": FanOut.SPLIT_TOKENS},
-        takes=("Trajectories",), returns=("LogProbs",), trains=False, kuberay_group="train",
+        group="posttrain.rl.roles.reference:ReferenceGroup", trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reference_workers, enabled=lambda s: s.rl.kl_coef > 0 and not _lora(s),
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s))),
     "teacher": RoleSpec(
         name="teacher", worker="posttrain.rl.roles.teacher:TeacherWorker",
-        group="posttrain.rl.roles.teacher:TeacherGroup",
-        fan_out={"log_probs": FanOut.SPLIT_TOKENS},
-        takes=("Trajectories",), returns=("LogProbs",), trains=False, kuberay_group="train",
+        group="posttrain.rl.roles.teacher:TeacherGroup", trains=False, kuberay_group="train",
         workers=lambda s: s.placement.teacher_workers, enabled=lambda s: s.rl.algorithm.value == "on_policy_distill",
         worker_args=lambda s, rank, n: (s.rl.teacher, s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s)),
         reads_models=(ModelSetting("rl", "teacher"),)),
     "policy": RoleSpec(
         name="policy", worker="posttrain.rl.roles.policy:PolicyWorker",
-        group="posttrain.rl.roles.policy_group:PolicyGroup",
-        fan_out={"setup": FanOut.ALL, "update": FanOut.SPLIT_TOKENS, "weights": FanOut.ONE,
-                 "save_model": FanOut.ONE, "save_state": FanOut.ALL, "load_state": FanOut.ALL},
-        takes=("TrainBatch",), returns=("UpdateStats", "WeightsHandle"), trains=True, kuberay_group="train",
+        group="posttrain.rl.roles.policy_group:PolicyGroup", trains=True, kuberay_group="train",
         workers=lambda s: s.placement.policy_workers, enabled=lambda s: True,
         worker_args=lambda s, rank, n: (s.start_model_dir, s.rl, rank, n, s.model, s.placement.torch_threads),
         group_args=_policy_shared_folder),
     "critic": RoleSpec(
         name="critic", worker="posttrain.rl.roles.critic:CriticWorker",
-        group="posttrain.rl.roles.critic_group:CriticGroup",
-        fan_out={"setup": FanOut.ALL, "values": FanOut.SPLIT_TOKENS, "update": FanOut.SPLIT_TOKENS,
-                 "fit": FanOut.SPLIT_TOKENS, "one_pass": FanOut.ONE,
-                 "save_state": FanOut.ALL, "load_state": FanOut.ALL},
-        takes=("Trajectories", "CriticBatch", "CriticFit"), returns=("Values", "CriticStats"), trains=True,
+        group="posttrain.rl.roles.critic_group:CriticGroup", trains=True,
         kuberay_group="train", workers=lambda s: s.placement.critic_workers or s.placement.policy_workers,
         enabled=lambda s: s.rl.algorithm.value == "ppo",
         worker_args=lambda s, rank, n: (s.rl.critic_init or s.start_model_dir, s.rl, rank, n, s.model,
@@ -253,7 +218,7 @@ def scoring_roles() -> tuple[str, ...]:
 
 
 def scoring_groups(groups: dict[str, Any]) -> tuple[Any, ...]:
-    """This run's scoring groups (types.ScoringGroup), in ROLES order: what loops read as `scorers`."""
+    """This run's scoring groups (registry `scores=True`), in ROLES order: what loops read as `scorers`."""
     return tuple(groups[name] for name in scoring_roles() if groups.get(name) is not None)
 
 
@@ -264,7 +229,6 @@ def training_roles(groups: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "ROLES",
-    "FanOut",
     "GroupContext",
     "ModelSetting",
     "RoleSpec",
