@@ -9,22 +9,21 @@ computing, as timed by the workers themselves:
 so serialisation, object transfer, Ray scheduling, weight sync and the controller's own work all count as
 overhead (the drift check costs nothing of its own: the update's first forward measures it).
 
-`RLTracker` prints a tqdm bar when stdout is a terminal, else lines paced by posttrain.progress (the first
-step, the last, every `tracking.log_every` steps when set, else every `tracking.progress_every_s` seconds;
-with rate and ETA) - and a line for every step with failed reward calls, whatever the pace, naming the count
-and one reason - and logs every step to the RL stage's wandb run (posttrain.wandb_run; none with
-`tracking.wandb: false`), continuing the same wandb run id after a restart.
+`RLTracker` (posttrain.tracking.Tracker for StepMetrics) prints a tqdm bar when stdout is a terminal, else lines
+paced by posttrain.progress (the first step, the last, every `tracking.log_every` steps when set, else every
+`tracking.progress_every_s` seconds; with rate and ETA) - and a line for every step with failed reward calls,
+whatever the pace, naming the count and one reason - and logs every step to the RL stage's wandb run
+(posttrain.wandb_run; none with `tracking.wandb: false`), continuing the same wandb run id after a restart.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 
 from posttrain.config import TrackingConfig
-from posttrain.progress import Progress
 from posttrain.rl.loops.common import StepOutcome
+from posttrain.tracking import Tracker
 from posttrain.wandb_run import WandbRun
 
 
@@ -121,41 +120,24 @@ _CONSOLE = ("reward_mean", "accuracy", "kl", "entropy", "clip_fraction", "respon
             "generated_tokens_per_s", "step_s", "orchestration_overhead")
 
 
-class RLTracker:
-    """Console + wandb sink for StepMetrics. `wandb_run` (posttrain.wandb_run) is started here, continuing
-    `wandb_id` after a resume, and finished by `close` with the final model's id."""
+class RLTracker(Tracker):
+    """Console + wandb sink for StepMetrics (the controller is one process: it always reports). `wandb_run`
+    (posttrain.wandb_run) is started here, continuing `wandb_id` after a resume, and finished by `close` with
+    the final model's id."""
+
+    postfix_width = 160
 
     def __init__(self, cfg: TrackingConfig, *, name: str, total: int, start: int = 0,
                  wandb_run: WandbRun | None = None, wandb_id: str | None = None):
-        self.cfg, self.total, self.wandb_id = cfg, total, wandb_id
-        self._run, self._bar = None, None
-        self.progress = Progress(total, every_s=cfg.progress_every_s, log_every=cfg.log_every)
-        if sys.stdout.isatty():
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, initial=start, desc=name, dynamic_ncols=True)
-        if wandb_run is not None:
-            self.wandb_id = wandb_run.start(resume_id=wandb_id)
-            self._run = wandb_run
+        super().__init__(cfg, 0, name, total=total, start=start, wandb_run=wandb_run, wandb_id=wandb_id)
 
     def log(self, m: StepMetrics) -> None:
         flat = m.flat()
-        if self._run is not None:
-            self._run.log(flat, step=m.step)
-        line = " ".join(f"{k}={flat[k]:.4g}" for k in _CONSOLE)
-        failures = failure_line(m)
-        if self._bar is not None:
-            self._bar.update(1)
-            self._bar.set_postfix_str(line[:160])
-            if failures:  # every step that has failures gets its own line above the bar
-                self._bar.write(f"rl step {m.step}/{self.total}: {failures}")
-        elif failures or self.progress.due(m.step):
-            print(f"rl step {m.step}/{self.total}: {line}" + (f" | {failures}" if failures else "")
-                  + f" | {self.progress.stats(m.step)}", flush=True)
+        self._emit(m.step, flat, wandb_step=m.step, line=" ".join(f"{k}={flat[k]:.4g}" for k in _CONSOLE),
+                   label=f"rl step {m.step}/{self.total}", note=failure_line(m))
 
     def close(self, model_id: str | None = None, *, failed: bool = False) -> None:
         """End the run, recording the final model's id when there is one."""
-        if self._bar is not None:
-            self._bar.close()
+        super().close()
         if self._run is not None:
             self._run.finish(outputs={"model": model_id} if model_id else None, failed=failed)
