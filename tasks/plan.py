@@ -49,11 +49,11 @@ the SFT model's samples; false for preference data (data.schema 'preference'), w
 def plan(recipe: str, overrides: str, run_id: str, workflow: str = "pipeline") -> Plan:
     """`workflow`: the calling workflow's name; the dense sections it uses (dpo, pairs, ...) are validated, the
     others not (posttrain.recipes.WORKFLOW_SECTIONS)."""
-    from posttrain.recipes import resolve
+    from posttrain.recipes import resolve_with_notes
     from posttrain.runtime import new_run_id
 
     try:
-        cfg = resolve(recipe, overrides, workflow=workflow)
+        cfg, notes = resolve_with_notes(recipe, overrides, workflow=workflow)
         local = current_context().execution_id.name == "local"  # every local execution is named so
         settings.check_against(cfg.sft.nproc, cfg.placement.policy_workers, cfg.placement.rollout_workers,
                                local=local)
@@ -62,6 +62,8 @@ def plan(recipe: str, overrides: str, run_id: str, workflow: str = "pipeline") -
         raise ConfigError(str(e)) from None
     rid = run_id or new_run_id()
     print(f"plan: run {rid}, recipe {cfg.name}")
+    for note in notes:  # e.g. the algorithm's published defaults it took (posttrain.config.algorithm_defaults)
+        print(f"plan: {note}")
     return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking,
                 cfg.sft.enabled, cfg.pairs, cfg.dpo, cfg.reward_model, cfg.distill,
                 cfg.data.schema != DataSchema.PREFERENCE)

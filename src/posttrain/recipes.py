@@ -2,7 +2,8 @@
 
 A recipe is plain Python - variants copy and edit a base with `dataclasses.replace`. The registry is a
 dict you can grep. `resolve(name, overrides)` is what the Flyte `plan` task and the tests call: it looks
-the recipe up, merges JSON overrides of individual fields and validates the result before any work runs.
+the recipe up, merges JSON overrides of individual fields, gives the rl settings neither set the algorithm's
+published defaults (posttrain.config.algorithm_defaults) and validates the result before any work runs.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from posttrain.config import (
     apply_overrides,
     validate,
 )
+from posttrain.config.algorithm_defaults import apply_algorithm_defaults, describe_taken, explicit_settings
 from posttrain.config.checks import DENSE
+from posttrain.config.serialize import parse_overrides
 from posttrain.models.smollm2 import default_dir as smollm2_default_dir
 
 
@@ -248,10 +251,22 @@ WORKFLOW_SECTIONS: dict[str, tuple[str, ...]] = {
 def resolve(recipe: str = "tiny_cpu", overrides: str | dict = "", *, workflow: str | None = None) -> PipelineConfig:
     """The validated config for recipe `recipe` with JSON `overrides` applied. `workflow` (the Flyte workflow
     that runs it) limits the dense sections checked to the ones it uses; None checks every section."""
+    return resolve_with_notes(recipe, overrides, workflow=workflow)[0]
+
+
+def resolve_with_notes(recipe: str = "tiny_cpu", overrides: str | dict = "", *,
+                       workflow: str | None = None) -> tuple[PipelineConfig, list[str]]:
+    """`resolve`, and the lines the plan prints about what it filled in: the recipe, then the overrides, then
+    the run's algorithm's published defaults for the rl settings neither set (posttrain.config.algorithm_defaults;
+    the only place they are applied), then `validate`."""
     if recipe not in RECIPES:
         raise ConfigError(f"recipe: {recipe!r} is not one of {sorted(RECIPES)}")
     sections = DENSE if workflow is None else WORKFLOW_SECTIONS.get(workflow, ())
-    return validate(same_ranks(apply_overrides(RECIPES[recipe](), overrides)), sections)
+    base = RECIPES[recipe]()
+    cfg = apply_overrides(base, overrides)
+    cfg, taken = apply_algorithm_defaults(cfg, explicit_settings(base, parse_overrides(overrides)))
+    notes = [describe_taken(cfg, taken)] if taken else []
+    return validate(same_ranks(cfg), sections), notes
 
 
 def same_ranks(cfg: PipelineConfig) -> PipelineConfig:

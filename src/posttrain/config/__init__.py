@@ -13,6 +13,7 @@ that return a `PipelineConfig`.
     dense.py      the dense objectives' parts beside SFT (PairsConfig, DPOConfig, RewardModelConfig, DistillConfig)
     pipeline.py   PipelineConfig, which holds them all, and objective_of
     serialize.py  to_dict / from_dict, and apply_overrides (JSON edits of a recipe)
+    algorithm_defaults.py  each rl.algorithm's published defaults for the rl settings a user leaves unset
     checks.py     validate: every bad value or combination, with the field named, before work starts
 
 Everything is importable from `posttrain.config` directly.

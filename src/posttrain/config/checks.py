@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import math
 
+from posttrain.config.algorithm_defaults import DEFAULTS
 from posttrain.config.dense import DistillConfig, DPOConfig, PairsConfig
 from posttrain.config.enums import (
     Algorithm,
@@ -292,9 +293,11 @@ def _check_rl_algorithm(r: RLConfig) -> None:
     _check(r.algorithm != Algorithm.ON_POLICY_DISTILL or bool(r.teacher.strip()), "rl.teacher",
            "on_policy_distill needs a teacher: an artifact id, a local HF folder or channel:NAME")
     _check(r.distill_reward_weight >= 0, "rl.distill_reward_weight", "must be >= 0")
+    gspo = DEFAULTS[Algorithm.GSPO]
     _check(r.algorithm != Algorithm.GSPO or max(r.clip_low, r.clip_high) <= 0.05, "rl.clip_low / rl.clip_high",
            f"gspo clips the sequence-level ratio, whose deviations from 1 are ~1e-3: {r.clip_low} / {r.clip_high} "
-           f"would almost never clip; the paper uses 3e-4 / 4e-4")
+           f"would almost never clip; the paper uses {gspo['clip_low'].value:g} / {gspo['clip_high'].value:g} "
+           f"(gspo's defaults: leave both unset to take them)")
 
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:

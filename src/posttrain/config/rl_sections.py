@@ -68,11 +68,13 @@ class RLConfig:
     """The loop each step runs (posttrain.rl.loops): 'grpo' (group-relative advantages, no critic); 'ppo' (a
     critic role's values, GAE over token rewards, clipped value loss); 'rloo' (leave-one-out group baseline);
     'dr_grpo' (group-centred, never std-scaled, token sums over a constant normaliser); 'gspo' (GRPO's
-    advantages, a clipped sequence-level ratio: set rl.clip_low / rl.clip_high to ~1e-3, the paper's 3e-4 and
-    4e-4); 'reinforce_pp' (token returns with the KL in the reward, whitened over the batch); 'dapo' (GRPO's
-    advantages on groups whose rewards differ - dynamic sampling draws more prompts to fill the batch -, the
-    soft overlong punishment, clip-higher through rl.clip_high, token-mean loss); 'on_policy_distill' (the
-    student samples, rl.teacher scores every token: advantage = teacher log p - student log p)."""
+    advantages, a clipped sequence-level ratio, whose deviations from 1 are ~1e-3: rl.clip_low / rl.clip_high
+    default to the paper's 3e-4 / 4e-4 under it); 'reinforce_pp' (token returns with the KL in the reward,
+    whitened over the batch); 'dapo' (GRPO's advantages on groups whose rewards differ - dynamic sampling draws
+    more prompts to fill the batch -, the soft overlong punishment, clip-higher through rl.clip_high, token-mean
+    loss); 'on_policy_distill' (the student samples, rl.teacher scores every token: advantage = teacher log p -
+    student log p). An algorithm's published defaults (posttrain.config.algorithm_defaults.DEFAULTS) replace
+    RLConfig's for the settings neither the recipe nor the overrides set; the plan prints those it took."""
     steps: int = 60
     """Policy updates (one rollout batch each)."""
     prompts_per_step: int = 64
@@ -104,9 +106,9 @@ class RLConfig:
     lives in the rank that also holds the update (SmolLM2-135M, 64 rows x ~100 tokens: ~0.45 GiB at once,
     ~0.23 GiB in batches of 32). 0: all of the rank's rows at once."""
     clip_low: float = 0.2
-    """Lower clip range: ratio >= 1 - clip_low."""
+    """Lower clip range: ratio >= 1 - clip_low (gspo's default: 3e-4, see rl.algorithm)."""
     clip_high: float = 0.28
-    """Upper clip range: ratio <= 1 + clip_high."""
+    """Upper clip range: ratio <= 1 + clip_high (DAPO's clip-higher; gspo's default: 4e-4, see rl.algorithm)."""
     clip_ratio_c: float = 0.0
     """Dual-clip bound (Ye et al. 2019; verl's clip_ratio_c, 3.0 there): where the advantage is negative the
     token's loss is at most -advantage * clip_ratio_c. 0: off; otherwise > 1."""

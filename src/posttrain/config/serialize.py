@@ -85,16 +85,23 @@ def _coerce(tp: typing.Any, value: typing.Any, path: str) -> typing.Any:
     return value
 
 
+def parse_overrides(overrides: str | dict) -> typing.Any:
+    """JSON overrides as given: a dict as it is, a string parsed ("" or blanks: {})."""
+    if not isinstance(overrides, str):
+        return overrides
+    if not overrides.strip():
+        return {}
+    try:
+        return json.loads(overrides)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"overrides: not valid JSON ({e})") from None
+
+
 def apply_overrides(cfg: PipelineConfig, overrides: str | dict) -> PipelineConfig:
     """Return `cfg` with JSON overrides merged in, e.g. '{"sft": {"steps": 500}}'."""
-    if isinstance(overrides, str):
-        if not overrides.strip():
-            return cfg
-        try:
-            overrides = json.loads(overrides)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"overrides: not valid JSON ({e})") from None
-    merged = _deep_merge(to_dict(cfg), overrides)
+    if isinstance(overrides, str) and not overrides.strip():
+        return cfg
+    merged = _deep_merge(to_dict(cfg), parse_overrides(overrides))
     return from_dict(PipelineConfig, merged)
 
 

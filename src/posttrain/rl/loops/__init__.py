@@ -6,7 +6,8 @@ teacher's per-token log-probs).
 ALGORITHMS maps `rl.algorithm` to its loop ("module:Class") and the phases its step runs, in order (the RL
 page stacks the phase times in this order). A loop class has `Roles`, a frozen dataclass naming the role
 groups it reads (the controller fills it from the run's groups by field name; an optional role is a field
-with a default), and `step(prompts, run) -> StepOutcome` (loops/common.py).
+with a default), and `step(prompts, run) -> StepOutcome` (loops/common.py). An algorithm's published defaults
+for rl settings (gspo's clip range, ...) are config, applied at plan: posttrain.config.algorithm_defaults.
 """
 
 from __future__ import annotations
