@@ -96,7 +96,7 @@ def _one_rank() -> Iterator[None]:
     afterwards, so later tests see no RANK/WORLD_SIZE and no initialized group."""
     import torch.distributed as dist
 
-    from posttrain.sft.dist import _free_port
+    from posttrain.spmd.dist import _free_port
 
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     saved = {k: os.environ.get(k) for k in keys}

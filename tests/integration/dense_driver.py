@@ -25,7 +25,7 @@ from posttrain.data.examples import read_examples
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.weight_sync import weights_checksum
 from posttrain.sft.batching import collate
-from posttrain.sft.dist import init_distributed
+from posttrain.spmd.dist import init_distributed
 from posttrain.sft.objectives import objective_for
 from posttrain.sft.trainer import build_trainee, make_optimizer, train_step, wrap
 

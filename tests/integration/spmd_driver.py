@@ -18,7 +18,7 @@ from posttrain.models.io import load_tokenizer
 from posttrain.models.lora import add_adapters
 from posttrain.models.tiny import build_model
 from posttrain.sft.batching import collate
-from posttrain.sft.dist import init_distributed
+from posttrain.spmd.dist import init_distributed
 from posttrain.sft.trainer import Shards, make_optimizer, train_step, wrap
 
 

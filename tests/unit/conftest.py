@@ -38,7 +38,7 @@ def world_of_one(monkeypatch):
     """A gloo process group of one rank in this process (removed afterwards)."""
     import torch.distributed as dist
 
-    from posttrain.sft.dist import _free_port, init_distributed
+    from posttrain.spmd.dist import _free_port, init_distributed
 
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():

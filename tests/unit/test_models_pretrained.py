@@ -171,7 +171,7 @@ def test_dtype_rules_bf16_only_on_cuda(folders):
 
 
 def test_nccl_only_when_every_rank_has_its_own_gpu():
-    from posttrain.rl.roles.policy_group import choose_backend
+    from posttrain.spmd.dist import choose_backend
 
     assert choose_backend(["GPU-a", "GPU-b"]) == "nccl"
     assert choose_backend(["GPU-a"]) == "nccl"

@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = textwrap.dedent("""
     import torch
-    from posttrain.rl.roles.common import return_free_memory
+    from posttrain.spmd.memory import return_free_memory
 
     def rss_mib():
         for line in open("/proc/self/status"):

@@ -106,14 +106,13 @@ def test_the_reference_is_the_start_model_with_no_reference_workers(run, world_o
 
 
 def test_the_checkpoint_is_an_adapter_of_the_start_model_and_the_state_only_adapters(run, tmp_path, world_of_one):
-    from safetensors.torch import load_file
-
     from posttrain.artifacts import ArtifactStore
     from posttrain.model_folders import model_folder
     from posttrain.models.io import load_model
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.types import ModelPut
     from posttrain.rl.weight_sync import weights_checksum
+    from posttrain.spmd.state import saved_model_keys
 
     store = ArtifactStore(tmp_path / "store")
     start = store.put("model", "start", run["dir"], run_id="r", parents=[], config={})
@@ -124,7 +123,7 @@ def test_the_checkpoint_is_an_adapter_of_the_start_model_and_the_state_only_adap
     merged = load_model(model_folder(store, ref)).state_dict()
     assert weights_checksum(merged) == run["policy"].checksum()  # the export is what the rollout generated with
     run["policy"].save_state(str(tmp_path / "state"))
-    saved = load_file(str(tmp_path / "state" / "policy.safetensors"))
+    saved = saved_model_keys(str(tmp_path / "state" / "train"))
     assert saved and all(".lora_" in k for k in saved)
     fresh = PolicyWorker(run["dir"], CFG, 0, 1, MODEL)
     fresh.opt = torch.optim.AdamW([p for p in fresh.model.parameters() if p.requires_grad])

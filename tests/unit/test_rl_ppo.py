@@ -93,7 +93,7 @@ def test_the_critic_state_round_trips(folders, world_of_one, tmp_path):
     fresh = _critic(folders)
     assert fresh.checksum() != w.checksum()
     assert fresh.load_state(str(tmp_path)) == 1 and fresh.checksum() == w.checksum()
-    assert (tmp_path / "critic.safetensors").exists()
+    assert (tmp_path / "train" / ".metadata").exists()  # the shared core's state (spmd.state, DCP)
 
 
 def _groups(folders, cfg):

@@ -13,6 +13,7 @@ from posttrain.config.enums import (
     KLEstimator,
     LossAgg,
     MismatchCorrection,
+    Parallelism,
     PlacementMode,
     RolloutBackend,
 )
@@ -154,6 +155,10 @@ class RLConfig:
     """GRPO, GSPO, DAPO: divide group-centred rewards by the group's std (dr_grpo never does)."""
     max_grad_norm: float = 1.0
     """Gradient clipping threshold; 0 disables."""
+    parallelism: Parallelism = Parallelism.DDP
+    """How the policy (and PPO's critic) ranks hold the model - `sft.parallelism`'s values, on the same training
+    core (posttrain.spmd): DDP (every rank the whole model, its gradients and moments) or FSDP2 (each rank 1/N
+    of the weights, gradients and moments, a layer gathered at a time). Within 1e-5 of each other."""
     max_reward_failure_rate: float = 0.1
     """Stop the run when more than this share of one step's reward calls fail (raise, time out, return a
     non-number or a non-finite one), naming the function, the count and one example."""

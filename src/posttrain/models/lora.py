@@ -123,7 +123,10 @@ class MergedView(Mapping):
             self.names[k.replace(".base_layer.", ".")] = k  # a bias of an adapted layer goes back under its name
 
     def source(self, name: str) -> torch.Tensor:
-        return self.sd[self.names[name]]
+        """The tensor `name` is read from, as stored (a mapping that computes its entries when read - e.g. the
+        gathered weights of an FSDP2 model - gives its own source: nothing is computed here)."""
+        inner = getattr(self.sd, "source", None)
+        return inner(self.names[name]) if inner is not None else self.sd[self.names[name]]
 
     def __getitem__(self, name: str) -> torch.Tensor:
         src = self.names[name]

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch.distributed.tensor import DTensor
 
 _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
@@ -127,13 +128,21 @@ def _unique(named: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
     source = getattr(named, "source", None)
     for name in named:
         t = source(name) if source is not None else named[name]
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        # an FSDP2 shard (DTensor): its local tensor's storage says which names share it; shape and stride are global
+        local = t._local_tensor if isinstance(t, DTensor) else t
+        key = (t.device, local.untyped_storage().data_ptr(), local.storage_offset(), tuple(t.shape), tuple(t.stride()))
         if key in first:
             aliases[name] = first[key]
         else:
             first[key] = name
             unique[name] = t
     return unique, aliases
+
+
+def write_order(named: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names `write` reads, in the order it reads them (tied weights once): what the ranks that only help
+    gather an FSDP2 model's tensors (policy_weights.publish) must read in step with it."""
+    return list(_unique(named)[0])
 
 
 def write(named: Mapping[str, torch.Tensor], folder: str | Path, *, version: int, node: str,

@@ -1,6 +1,6 @@
 """The dense trainer's resumable state (every `sft.save_every` steps, atomically): model + optimizer via
-torch.distributed.checkpoint (sharded for FSDP2), the step, RNG states and the wandb run id; with `model.lora`
-only the tensors that train. trainer.py (`run_sft`) saves and loads it; the state's role is described there.
+torch.distributed.checkpoint (`spmd.state`, the core every trainer shares: sharded for FSDP2, only the tensors
+that train with `model.lora`), the step, RNG states and the wandb run id. trainer.py (`run_sft`) saves and loads it; the state's role is described there.
 """
 
 from __future__ import annotations
@@ -9,26 +9,10 @@ import json
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
 
 from posttrain.artifacts.state import StateDir, read_file, write_file
-from posttrain.models.lora import has_adapters
-from posttrain.sft.dist import DistInfo
-
-
-def _trained_state(model, optimizer) -> tuple[dict, dict]:
-    """(model, optimizer) state dicts to save or load. With LoRA the frozen base is not state: only the tensors
-    that train (and their optimizer moments) - not even a tied output head, which is the frozen embedding."""
-    msd, osd = get_state_dict(model, optimizer)
-    if has_adapters(model):
-        trained = {n.removeprefix("module.") for n, p in model.named_parameters() if p.requires_grad}
-        msd = {k: v for k, v in msd.items() if k in trained}
-    return msd, osd
+from posttrain.spmd.dist import DistInfo
+from posttrain.spmd.state import load_train_state, save_train_state
 
 
 def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | None, info: DistInfo,
@@ -40,8 +24,7 @@ def save_state(state: StateDir, model, optimizer, step: int, wandb_id: str | Non
     if info.rank == 0:
         state.remove(name)
     dist.barrier()
-    msd, osd = _trained_state(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=state.url(name))
+    save_train_state(state.url(name), model, optimizer)
     write_file(state.url(name, f"rng-rank{info.rank}.pt"), lambda p: torch.save({"cpu_rng": torch.get_rng_state()}, p))
     dist.barrier()
     if info.rank == 0:
@@ -66,11 +49,7 @@ def load_state(state: StateDir, model, optimizer, stage: str = "sft") -> tuple[i
     if meta["world_size"] != dist.get_world_size():
         raise ValueError(f"saved SFT state {state.url(last)} was written by {meta['world_size']} ranks, not "
                          f"{dist.get_world_size()}")
-    msd, osd = _trained_state(model, optimizer)
-    sd = {"model": msd, "optim": osd}
-    dcp.load(sd, checkpoint_id=state.url(last))
-    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
-                   options=StateDictOptions(strict=not has_adapters(model)))
+    load_train_state(state.url(last), model, optimizer)
     rng = f"{last}/rng-rank{dist.get_rank()}.pt"
     if state.exists(rng):
         torch.set_rng_state(read_file(state.url(rng), lambda p: torch.load(p, weights_only=True))["cpu_rng"])

@@ -27,7 +27,6 @@ Leaves out: tensor/pipeline parallelism, dropout (none in the tiny models).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -38,16 +37,18 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from posttrain.artifacts.state import StateDir
-from posttrain.config import LoraConfig, ModelConfig, Objective, Parallelism, SFTConfig, TrackingConfig, objective_of
+from posttrain.config import LoraConfig, ModelConfig, Objective, SFTConfig, TrackingConfig, objective_of
 from posttrain.data.examples import read_examples
-from posttrain.models.io import enable_gradient_checkpointing, load_model, load_tokenizer, save_model
+from posttrain.models.io import load_model, load_tokenizer, save_model
 from posttrain.models.lora import adapters_disabled, add_adapters, save_adapter
 from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.models.tiny import build_model
 from posttrain.sft.batching import Batch, collate_units, rank_order
 from posttrain.sft.checkpoint import load_state, save_state
-from posttrain.sft.dist import DistInfo, all_reduce_sum, init_distributed
 from posttrain.sft.objectives import SFTObjective, objective_for
+from posttrain.spmd import parallel
+from posttrain.spmd.dist import DistInfo, all_reduce_sum, init_distributed
+from posttrain.spmd.optim import adamw
 from posttrain.tracking import Tracker
 from posttrain.wandb_run import WandbRun
 
@@ -62,43 +63,13 @@ def lr_at(step: int, cfg: SFTConfig) -> float:
 
 def wrap(model: torch.nn.Module, cfg: SFTConfig, info: DistInfo, *, gradient_checkpointing: bool = False
          ) -> torch.nn.Module:
-    """Move to this rank's device, enable activation checkpointing if asked (before wrapping: it replaces the
-    decoder layers' call), then wrap in DDP or FSDP2. The model is left in training mode. A world of one is not
-    wrapped in DDP (as the RL policy's ranks): DDP would only add its forward bookkeeping and gradient buckets,
-    ~7% of a tiny_cpu DPO step (2.6 ms per forward and an all-reduce per micro-batch, profiled)."""
-    model.to(info.device).train()
-    hf = model.rm if isinstance(model, TokenScores) else model
-    if gradient_checkpointing:
-        enable_gradient_checkpointing(hf)
-    if cfg.parallelism == Parallelism.FSDP2:
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in getattr(hf, hf.base_model_prefix).layers:
-            fully_shard(layer)
-        return fully_shard(model)
-    if info.world_size == 1:
-        return model
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[info.device.index] if info.device.type == "cuda"
-                                                     else None)
+    """The trainee as the group trains it (`spmd.parallel.wrap`: DDP or FSDP2 per `sft.parallelism`)."""
+    return parallel.wrap(model, cfg.parallelism, info, gradient_checkpointing=gradient_checkpointing)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: SFTConfig) -> torch.optim.Optimizer:
     """AdamW over the parameters that train (all of them, or with LoRA only the adapters and a reward head)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
-
-
-def _sync_context(model: torch.nn.Module, cfg: SFTConfig, last: bool):
-    """Gradient all-reduce only on the last micro-batch of a step."""
-    if cfg.parallelism == Parallelism.FSDP2:
-        model.set_requires_gradient_sync(last)
-        return contextlib.nullcontext()
-    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):  # a world of one: nothing to sync
-        return contextlib.nullcontext()
-    return model.no_sync()
+    return adamw(model, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
 
 
 class NonFiniteError(RuntimeError):
@@ -119,18 +90,16 @@ def train_step(model, optimizer, micro_batches: list[Batch], *, cfg: SFTConfig, 
         g["lr"] = lr
     sums: dict[str, torch.Tensor] = {}
     for i, b in enumerate(micro_batches):
-        with _sync_context(model, cfg, last=i == len(micro_batches) - 1):
+        with parallel.grad_sync(model, last=i == len(micro_batches) - 1):
             loss, stats = objective.loss(model, frozen, b, counts, info.device, autocast)
             (loss * info.world_size).backward()
         for k, v in stats.items():
             sums[k] = sums.get(k, 0) + v
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                               cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf"))
+    gn = parallel.clip_grad_norm(model, cfg.max_grad_norm)
     keys = sorted(sums)  # the same keys on every rank: the config decides them
     totals = dict(zip(keys, all_reduce_sum(torch.stack([torch.as_tensor(sums[k], dtype=torch.float64,
                                                                          device=info.device) for k in keys])).tolist()))
     loss_total = totals["loss"]
-    gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     if not (math.isfinite(loss_total) and math.isfinite(float(gn))):  # same on every rank: all stop together
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteError(f"{objective.name.value} step stopped before the optimizer step: loss {loss_total}, "

@@ -1,7 +1,8 @@
 """Critic role (PPO), the worker side: a value head on the policy's architecture - an
 `AutoModelForSequenceClassification` with one output, read at every position (`models.reward_model.TokenScores`)
-- trained SPMD like the policy (`spmd.SPMDWorker`: one torch.distributed group, DDP + ZeRO-1 AdamW with its own
-`rl.critic_lr`, its state checkpointed and restored with the policy's).
+- trained SPMD like the policy (`spmd.SPMDWorker`: one torch.distributed group on the shared training core, DDP or
+FSDP2 as `rl.parallelism` says, AdamW with its own `rl.critic_lr`, its state checkpointed and restored with the
+policy's).
 
 Where it starts (`rl.critic_init`): "" = the policy's start model's body with a fresh scalar head, initialised
 under `torch.manual_seed(rl.seed)` so every rank (and every restart) builds the same one; or a folder holding
@@ -27,14 +28,16 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.config import DType, ModelConfig, RLConfig
-from posttrain.models.io import enable_gradient_checkpointing, load_tokenizer, local_device
+from posttrain.models.io import load_tokenizer, local_device
 from posttrain.models.lora import add_adapters
 from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.rl.algorithms import ppo
-from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
+from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import RankUpdate
 from posttrain.rl.weight_sync import weights_checksum
+from posttrain.spmd import parallel
+from posttrain.spmd.memory import return_free_memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,8 +125,6 @@ class CriticWorker(SPMDWorker):
         rm = build_reward_model(init_dir, self.tok)
         if self.model_cfg.lora is not None:  # adapters and the value head train; the body stays frozen
             add_adapters(rm, self.model_cfg.lora, seed=cfg.seed, extra_trainable=("score",))
-        if self.model_cfg.gradient_checkpointing:
-            enable_gradient_checkpointing(rm)
         self.model = TokenScores(rm).to(self.device).train()  # fp32 master weights
         self.bf16 = self.device.type == "cuda" and self.model_cfg.dtype == DType.BF16
         self.version = 0
@@ -138,24 +139,27 @@ class CriticWorker(SPMDWorker):
 
     @torch.no_grad()
     def values(self, prompt_ids, response_ids) -> tuple[list[list[float]], float]:
+        """Every rank at once, each on its own rows (under FSDP2 the model is gathered for them)."""
         t0 = time.perf_counter()
         self.model.eval()
         out = []
         mb = self.cfg.micro_batch_size
-        for lo in range(0, len(prompt_ids), mb):
-            with self._autocast():
-                v, _ = response_values(self.model, prompt_ids[lo:lo + mb], response_ids[lo:lo + mb],
-                                       self.tok.pad_token_id)
-            out += [row[:len(r)].tolist() for row, r in zip(v.cpu(), response_ids[lo:lo + mb])]
+        with parallel.local_forwards(self.model):
+            for lo in range(0, len(prompt_ids), mb):
+                with self._autocast():
+                    v, _ = response_values(self.model, prompt_ids[lo:lo + mb], response_ids[lo:lo + mb],
+                                           self.tok.pad_token_id)
+                out += [row[:len(r)].tolist() for row, r in zip(v.cpu(), response_ids[lo:lo + mb])]
         self.model.train()
         return out, time.perf_counter() - t0
 
     def checksum(self) -> str:
-        return weights_checksum({k: v.detach() for k, v in self.model.state_dict().items()})
+        """Every rank at once (under FSDP2 the weights are gathered one tensor at a time)."""
+        return weights_checksum(parallel.FullWeights(self.model))
 
     def update(self, shards: list[CriticBatch], global_tokens: list[int], n_micro: list[int]) -> RankUpdate:
         """`rl.inner_epochs` passes over this rank's shards (one per mini-batch), one optimizer step each."""
-        self._local_optimizer()
+        self._optimizer()
         t0, cfg = time.perf_counter(), self.cfg
         sums = {"loss": 0.0, "clip": 0.0, "vmean": 0.0, "tok": 0}
         grad_norm = 0.0
@@ -175,8 +179,7 @@ class CriticWorker(SPMDWorker):
                     group_loss = self._group_mean(sums["loss"], float(sums["tok"]))
                     if not math.isfinite(group_loss):  # any rank's non-finite loss stops every rank
                         return self._stopped(sums, t0, f"value loss is {group_loss} (critic group)")
-                max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+                grad_norm = self._clip()
                 if not math.isfinite(grad_norm):
                     return self._stopped(sums, t0, f"critic gradient norm is {grad_norm} in inner epoch {epoch}, "
                                                    f"mini-batch {j}", grad_norm)
@@ -200,7 +203,7 @@ class CriticWorker(SPMDWorker):
         old values = those same values (so the clip is inactive, as in the first pass of `update`), the value
         loss to back-propagate; one optimizer step at the end. The same numbers as values() then update(),
         without the separate no-grad forward."""
-        self._local_optimizer()
+        self._optimizer()
         t0, cfg = time.perf_counter(), self.cfg
         sums = {"loss": 0.0, "clip": 0.0, "vmean": 0.0, "tok": 0}
         values: list[list[float]] = []
@@ -208,7 +211,7 @@ class CriticWorker(SPMDWorker):
         bounds = [round(i * n / n_micro) for i in range(n_micro + 1)]
         for m in range(n_micro):
             lo, hi = bounds[m], bounds[m + 1]
-            with (self.net.no_sync() if m < n_micro - 1 and self.world > 1 else contextlib.nullcontext()):
+            with parallel.grad_sync(self.net, last=m == n_micro - 1):
                 with self._autocast():
                     v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                               self.tok.pad_token_id)
@@ -230,8 +233,7 @@ class CriticWorker(SPMDWorker):
         group_loss = self._group_mean(sums["loss"], float(sums["tok"]))
         if not math.isfinite(group_loss):
             return self._stopped(sums, t0, f"value loss is {group_loss} (critic group)")
-        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        grad_norm = self._clip()
         if not math.isfinite(grad_norm):
             return self._stopped(sums, t0, f"critic gradient norm is {grad_norm}", grad_norm)
         self.opt.step()
@@ -241,7 +243,7 @@ class CriticWorker(SPMDWorker):
         return self._answer(sums, t0, grad_norm, applied=True, stopped="")
 
     def _backward(self, sh: CriticBatch, lo: int, hi: int, norm: float, sync: bool) -> ppo.ValueLossStats:
-        with (self.net.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
+        with parallel.grad_sync(self.net, last=sync):
             with self._autocast():
                 v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                           self.tok.pad_token_id)

@@ -1,5 +1,5 @@
-"""Policy role, the worker side: N workers forming ONE torch.distributed group (`spmd.SPMDWorker`: DDP, ZeRO-1
-AdamW, state files) that run the same clipped policy-gradient update - SPMD - on token-balanced shards of the
+"""Policy role, the worker side: N workers forming ONE torch.distributed group (`spmd.SPMDWorker`: the shared
+training core, DDP or FSDP2) that run the same clipped policy-gradient update - SPMD - on token-balanced shards of the
 batch, whatever the algorithm: one advantage per sequence (GRPO) or per token (PPO, REINFORCE++), the
 token-level clipped ratio (optionally dual-clipped, `rl.clip_ratio_c`) or GSPO's sequence-level one, as the
 TrainBatch says (`loss`, `loss_agg`). The controller side, which shards and gathers, is
@@ -25,14 +25,17 @@ torch.autocast(bfloat16), and the weights handed to rollout workers are rounded 
 taken over exactly what is handed over, so a bf16 rollout engine reports the same one).
 model.gradient_checkpointing recomputes activations in the update's backward pass.
 
-Memory: DDP's gradient buckets are the gradients themselves (`gradient_as_bucket_view`, no second copy), and
-with more than one rank the AdamW moments are sharded across the ranks (ZeRO stage 1,
-`ZeroRedundancyOptimizer`: each rank steps its share of the parameters and broadcasts the result), so a rank
-holds weights + gradients + 2/world_size of the moments instead of weights + 2 x gradients + all moments.
-Both give the same update as plain DDP + AdamW (the update is elementwise per parameter). One rank has
-nothing to all-reduce: it trains the model itself, without DDP, whose buckets would keep the gradients'
-memory between updates; its gradients are freed after each optimizer step (bench/rl_memory.py, SmolLM2-135M:
-the run's peak 5.81 -> 5.32 GiB). After every update the rank hands malloc's free pages back to the OS
+Parallelism (`rl.parallelism`, the training core every trainer shares: posttrain.spmd): DDP - every rank holds
+the whole model, its gradients and its AdamW moments; one rank trains the model itself, without DDP - or FSDP2:
+each rank holds 1/N of the weights, gradients and moments and gathers one decoder layer at a time, so the model
+RL can train is no longer capped by what one device holds with its gradients and moments. Both give the same
+update (tests: within 1e-5). Under FSDP2 every forward is a collective: the update's micro-batches are the same in
+number on every rank (as DDP needs too), and the forwards ranks run unevenly - the reference's log-probs with
+LoRA, the mismatch-correction pass, generation with placement.rollout_workers 0 - run with the model gathered
+once (`parallel.local_forwards`); a weight sync, checksum or saved model gathers one tensor at a time on every
+rank (`parallel.FullWeights`), rank 0 answering.
+
+Memory: after every update the rank hands malloc's free pages back to the OS
 (`return_free_memory`): it then rests at 1.86 GiB while the rollout generates instead of 2.3-2.7. It does
 the same after every micro-batch's backward: one micro-batch's forward and backward leave ~0.45 GiB of freed
 heap on a SmolLM2 LoRA rank that the next ones only partly reuse, so the heap crept to +0.6-0.7 GiB over an
@@ -64,6 +67,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import DType, MismatchCorrection, ModelConfig, RLConfig
@@ -71,7 +75,6 @@ from posttrain.models.generate import sequence_logprobs
 from posttrain.models.head_logprobs import response_logprobs
 from posttrain.models.io import (
     compute_dtype,
-    enable_gradient_checkpointing,
     eos_token_ids,
     load_model,
     load_tokenizer,
@@ -80,10 +83,12 @@ from posttrain.models.io import (
 )
 from posttrain.models.lora import adapters_disabled, add_adapters, save_adapter
 from posttrain.rl.algorithms import grpo, mismatch, pg
-from posttrain.rl.roles.common import return_free_memory, set_torch_threads, where, worker_identity
+from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.policy_weights import PolicyWeights
 from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import ModelPut, PolicyLoss, RankUpdate, TrainBatch
+from posttrain.spmd import parallel
+from posttrain.spmd.memory import return_free_memory
 
 
 def warmup_scale(version: int, warmup_steps: int) -> float:
@@ -110,8 +115,6 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
         self.lora = self.model_cfg.lora
         if self.lora is not None:  # only the adapters train; the base with them off is the KL reference
             add_adapters(self.model, self.lora, seed=cfg.seed)
-        if self.model_cfg.gradient_checkpointing:
-            enable_gradient_checkpointing(self.model)
         self.bf16 = self.device.type == "cuda" and self.model_cfg.dtype == DType.BF16
         self.sync_dtype = compute_dtype(self.model_cfg.dtype, self.device)
         """The dtype the weights are handed to rollout workers in (bf16 when they generate in bf16)."""
@@ -121,10 +124,10 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
         self._checksum: tuple[int, str] | None = None
         """(version, checksum) the last update computed: what a sync reports when this rank generates."""
         self.net: torch.nn.Module | None = None
-        """What the update's forward runs through (set when the rank joins its group): DDP around the model with
-        more than one rank, the model itself with one."""
+        """What the update's forward runs through (set when the rank joins its group, `spmd.parallel.wrap`): DDP
+        around the model, the model itself (one rank), or the model sharded in place (FSDP2)."""
         self.opt: torch.optim.Optimizer | None = None
-        """Built when the rank joins its group (`setup_process_group`): the sharded optimizer needs the group."""
+        """Built when the rank joins its group (`setup_process_group`): under FSDP2 it steps the rank's shards."""
 
     def where(self) -> dict:
         return where()
@@ -133,9 +136,11 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
         return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
     def log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
+        """Every rank of the group calls this at once (under FSDP2 the model is gathered for it); each on its own
+        rows, any number."""
         t0 = time.perf_counter()
         self.model.eval()
-        with self._autocast():
+        with parallel.local_forwards(self.model), self._autocast():
             lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
                                    pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         self.model.train()
@@ -155,7 +160,7 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
         the GLOBAL token and sequence counts of its mini-batch and its number of micro-batches (the same on
         every rank). The gates run on the first mini-batch of the first pass - the only forward at the
         batch's version - before its optimizer step."""
-        self._local_optimizer()  # fails clearly before any work if the rank never joined its group
+        self._optimizer()  # fails clearly before any work if the rank never joined its group
         shards, g_tok, g_seq, n_mic = (([shard], [global_tokens], [global_seqs], [n_micro])
                                        if isinstance(shard, TrainBatch) else (shard, global_tokens, global_seqs, n_micro))
         if any(sh.policy_version != self.version for sh in shards):
@@ -195,8 +200,7 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
                     drift, why = self._first_epoch_gates(sums, drift_sum, drift_tok, drift_threshold)
                     if why:
                         return self._stopped(sums, t0, drift, why)
-                max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+                grad_norm = self._clip()
                 if not math.isfinite(grad_norm):
                     return self._stopped(sums, t0, drift, f"gradient norm is {grad_norm} in inner epoch {epoch}, "
                                                           f"mini-batch {j} (loss {sums['loss']:.4g} on rank "
@@ -216,7 +220,7 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
         token's policy term carries its truncated importance weight. Returns (entropies, log-probs, rollout
         log-probs, mask, loss, loss stats)."""
         cfg = self.cfg
-        with (self.net.no_sync() if not sync and self.world > 1 else contextlib.nullcontext()):
+        with parallel.grad_sync(self.net, last=sync):
             with self._autocast():  # (b, R) fp32, the output head in chunks (models.head_logprobs)
                 logp, ent, mask = response_logprobs(self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi],
                                                     self.tok.pad_token_id, temperature=cfg.temperature,
@@ -294,7 +298,10 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
             g["lr"] = g.setdefault("base_lr", g["lr"]) * scale
 
     def save_model(self, put: ModelPut) -> str | None:
-        """Rank 0: the HF checkpoint of the current weights, stored as a `model` artifact (see PolicyGroup)."""
+        """Rank 0: the HF checkpoint of the current weights, stored as a `model` artifact (see PolicyGroup). Every
+        rank calls it: under FSDP2 the weights are gathered, one tensor at a time, on every rank."""
+        sharded = parallel.is_sharded(self.model)
+        full = parallel.full_state(self.model, keep=self.rank == 0) if sharded else None
         if self.rank != 0:
             return None
         with tempfile.TemporaryDirectory(prefix="posttrain-rl-checkpoint-") as tmp:
@@ -303,14 +310,22 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
                 if not base or base not in put.parents:
                     raise ValueError(f"{self.id}: a LoRA checkpoint needs its base model's id in extra.adapter_of "
                                      f"and among its parents (got {base!r})")
-                save_adapter(self.model.state_dict(), self.lora, tmp, base=f"posttrain:{base}")
+                save_adapter(full if sharded else self.model.state_dict(), self.lora, tmp, base=f"posttrain:{base}")
                 self.tok.save_pretrained(tmp)
             else:
-                save_model(self.model, self.tok, tmp)
+                save_model(_unsharded_copy(self.model, full) if sharded else self.model, self.tok, tmp)
             (Path(tmp) / "posttrain_rl.json").write_text(json.dumps(put.provenance, sort_keys=True) + "\n")
             ref = ArtifactStore(put.store_root).put("model", put.name, tmp, run_id=put.run_id, parents=put.parents,
                                                     config=put.config, metrics=put.metrics, extra=put.extra)
         return ref.id
+
+
+def _unsharded_copy(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A plain (unsharded, CPU) model of `model`'s architecture holding `full`: what an HF folder is written from."""
+    copy = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    copy.load_state_dict(full, strict=False)
+    copy.tie_weights()
+    return copy
 
 
 def _pad(rows: list[list[float]], shape) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather
-from posttrain.rl.roles.spmd import SPMDGroup, choose_backend  # noqa: F401 - choose_backend re-exported
+from posttrain.rl.roles.spmd import SPMDGroup
 from posttrain.rl.types import ModelPut, TrainBatch, UpdateStats, WeightsHandle, WorkerId
 
 
@@ -90,18 +90,23 @@ class PolicyGroup(SPMDGroup):
 
     def weights(self) -> WeightsHandle:
         """The weights for rollout workers. Their checksum is the one the update reported (hashing the weights
-        again would only repeat it); each rollout worker then checks what it received against it."""
+        again would only repeat it); each rollout worker then checks what it received against it. Every rank is
+        called: under FSDP2 the ranks gather the weights together; rank 0 answers."""
         if self._checksum is None:
-            self._checksum = gather([self.workers[0].checksum.remote()], self.ids[:1], stage="policy.weights",
-                                    timeout_s=self.timeout_s)[0]
+            self._checksum = self._rank0([w.checksum.remote() for w in self.workers])
         if self.generates:
             payload = None
         elif self.shared_folder:
-            payload = gather([self.workers[0].publish.remote(self.shared_folder)], self.ids[:1],
-                             stage="policy.weights", timeout_s=self.timeout_s)[0]
-        else:
-            payload = self.workers[0].state_dict.remote()  # stays a reference: rollout workers fetch it themselves
+            payload = self._rank0([w.publish.remote(self.shared_folder) for w in self.workers])
+        else:  # rank 0's answer stays a reference: rollout workers fetch it themselves
+            refs = [w.state_dict.remote() for w in self.workers]
+            gather(refs[1:], self.ids[1:], stage="policy.weights", timeout_s=self.timeout_s)
+            payload = refs[0]
         return WeightsHandle(version=self.version, checksum=self._checksum, payload=payload)
+
+    def _rank0(self, refs: list):
+        """Rank 0's answer to a call made on every rank (the others help gather under FSDP2, or return at once)."""
+        return gather(refs, self.ids, stage="policy.weights", timeout_s=self.timeout_s)[0]
 
     def save_model(self, put: ModelPut) -> str:
         ids = gather([w.save_model.remote(put) for w in self.workers], self.ids, stage="policy.save_model",

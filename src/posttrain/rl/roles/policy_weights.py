@@ -8,6 +8,11 @@ themselves, sampled from its own model (rollout.PolicyRollout).
 
 With LoRA the rollout side gets the base with the adapters merged in (lora.MergedView), computed one tensor at
 a time as it is written or hashed - never a second full copy.
+
+Under `rl.parallelism` FSDP2 each rank holds a shard of every weight: the full weights are gathered one tensor at
+a time (`spmd.parallel.FullWeights`), a collective, so every rank of the group takes part in `state_dict`,
+`publish` and `checksum` (the group calls them on all ranks; rank 0 answers, the others gather and drop). Under
+DDP every rank holds them whole and only rank 0 does the work; the others answer None at once.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import torch
 from posttrain.models.generate import generate
 from posttrain.models.lora import MergedView
 from posttrain.rl import weight_transfer
-from posttrain.rl.roles.common import return_free_memory
 from posttrain.rl.roles.rollout import trajectories
 from posttrain.rl.types import PromptBatch, Trajectories, WeightReport
 from posttrain.rl.weight_sync import weights_checksum
+from posttrain.spmd import parallel
+from posttrain.spmd.memory import return_free_memory
 
 
 class PolicyWeights:
@@ -31,8 +37,16 @@ class PolicyWeights:
         """What rollout workers get, under the base architecture's names: the weights, or with LoRA the base with
         the adapters merged in (W + B @ A * alpha / rank; the rollout model has no adapters), each merged weight
         computed when it is read (lora.MergedView: no second full copy while it is written or hashed)."""
-        sd = self.model.state_dict()
+        sd = parallel.FullWeights(self.model)
         return MergedView(sd, self.lora) if self.lora is not None else sd
+
+    def _helps_only(self) -> bool:
+        """This rank takes part in a weight hand-over without answering: under FSDP2, the ranks other than 0."""
+        return self.rank != 0 and parallel.is_sharded(self.model)
+
+    def _idle(self) -> bool:
+        """This rank has nothing to do in a weight hand-over: under DDP, the ranks other than 0."""
+        return self.rank != 0 and not parallel.is_sharded(self.model)
 
     def load_state(self, state_dir: str) -> int:
         self._checksum = None  # the loaded weights are not the ones last hashed
@@ -53,8 +67,8 @@ class PolicyWeights:
                                f"{prompts.policy_version}")
         t0 = time.perf_counter()
         self.model.eval()
-        try:
-            with self._autocast(), torch.no_grad():
+        try:  # ranks stop generating at different steps: under FSDP2 the model is gathered once for all of them
+            with parallel.local_forwards(self.model), self._autocast(), torch.no_grad():
                 gens = generate(self.model, prompts.prompt_ids, max_new_tokens=max_new_tokens,
                                 temperature=temperature, n=n, eos_id=self.eos_ids, pad_id=self.tok.pad_token_id,
                                 seed=seed + 7919 * self.rank, batch_size=self.cfg.policy_generate_batch or 512,
@@ -79,14 +93,24 @@ class PolicyWeights:
         """Checksum of exactly what `state_dict()` hands to rollout workers (in `sync_dtype`)."""
         return weights_checksum(_Cast(self._rollout_weights(), self.sync_dtype))
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights for rollout workers: CPU copies in `sync_dtype` (Ray ships CPU tensors)."""
-        return {k: v.detach().to("cpu", self.sync_dtype, copy=True) for k, v in self._rollout_weights().items()}
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The weights for rollout workers: CPU copies in `sync_dtype` (Ray ships CPU tensors); rank 0 answers
+        (under FSDP2 every rank gathers them with it)."""
+        if self._idle():
+            return None
+        keep = not self._helps_only()
+        out = {}
+        for k, v in self._rollout_weights().items():
+            if keep:
+                out[k] = v.detach().to("cpu", self.sync_dtype, copy=True)
+        return out if keep else None
 
     def choose_shared_folder(self, preferred: str) -> tuple[str | None, str]:
         """Where this node has room for the weight file (`weight_transfer.choose_folder`): (folder or None for
         the object store, why)."""
-        named = self._rollout_weights()
+        if self.rank != 0:
+            return None, "rank 0 writes the weight file"
+        named = self._rollout_weights()  # sizes only: nothing is gathered
         folder, why = weight_transfer.choose_folder(preferred, weight_transfer.file_bytes(named, self.sync_dtype))
         self._shared_folders = [preferred] + ([str(folder)] if folder else [])
         return (str(folder) if folder else None), why
@@ -96,9 +120,17 @@ class PolicyWeights:
         for folder in getattr(self, "_shared_folders", []):
             weight_transfer.remove_folder(folder)
 
-    def publish(self, folder: str) -> weight_transfer.SharedWeights:
+    def publish(self, folder: str) -> weight_transfer.SharedWeights | None:
         """Write the weights for rollout workers on this node into shared memory (`weight_transfer`), in
-        `sync_dtype`, streamed tensor by tensor: no second full copy in this process."""
+        `sync_dtype`, streamed tensor by tensor: no second full copy in this process. Rank 0 writes; under FSDP2
+        the others gather each tensor with it, in the order it is written."""
+        if self._idle():
+            return None
+        if self._helps_only():
+            named = self._rollout_weights()
+            for name in weight_transfer.write_order(named):
+                named[name]
+            return None
         return weight_transfer.write(self._rollout_weights(), folder, version=self.version, node=self.id.node,
                                      dtype=self.sync_dtype)
 

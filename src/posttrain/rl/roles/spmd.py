@@ -1,40 +1,39 @@
-"""What every training role's workers share (the policy, PPO's critic): N workers forming ONE torch.distributed
-group that run the same update - SPMD - on token-balanced shards, with the optimizer, the group statistics and
-the resumable state that go with it. `SPMDWorker` is the worker side, `SPMDGroup` the controller side (set-up
-and checkpoint fan-out); each role adds its own forward, loss and update.
+"""What every RL training role's workers share (the policy, PPO's critic): N Ray actors forming ONE
+torch.distributed group that run the same update - SPMD - on token-balanced shards, on the training core every
+trainer uses (`posttrain.spmd`: DDP or FSDP2 per `rl.parallelism`, AdamW, gradient sync per micro-batch,
+clipping, checkpointed state). `SPMDWorker` is the worker side, `SPMDGroup` the controller side (set-up and
+checkpoint fan-out); each role adds only its own forward, loss and update.
 
-Optimizer: with more than one rank the AdamW moments are sharded across the ranks (ZeRO stage 1,
-`ZeroRedundancyOptimizer`: each rank steps its share and broadcasts the result) and the model is wrapped in
-DDP (`gradient_as_bucket_view`: the buckets are the gradients, no second copy); one rank trains the model
-itself, without DDP (nothing to all-reduce). Both give the same update as plain DDP + AdamW.
-
-State (`save_state` / `load_state`, a local folder or an fsspec URL, one atomic file at a time): rank 0 writes
-the weights (`<role>.safetensors`), every rank its optimizer shard, torch RNG and version.
+State (`save_state` / `load_state`, a local folder or an fsspec URL): the trained tensors and the optimizer
+through torch.distributed.checkpoint into `<state_dir>/train` (every rank its own part: sharded under FSDP2),
+and every rank's torch RNG and version, one atomic file each.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
-import socket
 from pathlib import Path
 
+import fsspec
 import torch
-import torch.distributed as dist
-from safetensors.torch import load_file, save_file
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from posttrain.artifacts.state import read_file, write_file
-from posttrain.models.lora import has_adapters
+from posttrain.config import ModelConfig, RLConfig
 from posttrain.rl.remote import gather
 from posttrain.rl.types import WorkerId
+from posttrain.spmd import parallel
+from posttrain.spmd.dist import DistInfo, choose_backend, device_key, group_mean, join_group, node_address
+from posttrain.spmd.optim import adamw
+from posttrain.spmd.state import load_train_state, save_train_state
 
 
 class SPMDWorker:
-    """Subclasses set: `role`, `rank`, `world`, `device`, `model` (the nn.Module that trains), `lr`, `id`,
-    `version`, and start with `net = opt = None`."""
+    """Subclasses set: `role`, `cfg`, `model_cfg`, `rank`, `world`, `device`, `model` (the nn.Module that trains),
+    `lr`, `id`, `version`, and start with `net = opt = None`."""
 
     role: str
+    cfg: RLConfig
+    model_cfg: ModelConfig
     model: torch.nn.Module
     net: torch.nn.Module | None
     opt: torch.optim.Optimizer | None
@@ -43,94 +42,51 @@ class SPMDWorker:
         return self.id
 
     def master_address(self) -> tuple[str, int]:
-        """This node's address (as Ray knows it, so ranks on other nodes can reach it) and a free port."""
-        host = "127.0.0.1"
-        try:
-            import ray
-
-            if ray.is_initialized():
-                host = ray.util.get_node_ip_address()
-        except ImportError:
-            pass
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return host, s.getsockname()[1]
+        return node_address()
 
     def device_key(self) -> str:
-        """"cpu", or the UUID of this rank's GPU (ranks on different nodes see different UUIDs; ranks
-        sharing a GPU the same one)."""
-        if self.device.type != "cuda":
-            return "cpu"
-        return str(torch.cuda.get_device_properties(self.device).uuid)
+        return device_key(self.device)
 
     def setup_process_group(self, addr: str, port: int, timeout_s: float, backend: str | None = None) -> None:
-        """Join the role's group (every rank calls this at once; it blocks until all have joined). `backend`
-        is chosen by the group (`choose_backend`); None: NCCL on a GPU, gloo on CPU. Each role's workers are
-        their own processes, so each role has its own default group."""
+        """Join the role's group (every rank at once), then spread the model over it (`rl.parallelism`) and build
+        the optimizer over what this rank trains. `backend` is the group's choice (`choose_backend`); None: NCCL
+        on a GPU, gloo on CPU."""
         backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
-        if not dist.is_initialized():
-            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
-                                    world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s))
-        if self.world > 1:
-            self.net = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                gradient_as_bucket_view=True)
-        else:  # nothing to all-reduce; DDP's buckets would keep a second home for the gradients between updates
-            self.net = self.model
-        kw = {"lr": self.lr, "betas": (0.9, 0.99), "weight_decay": 0.0}
-        params = [p for p in self.model.parameters() if p.requires_grad]  # with LoRA: the adapters alone
-        self.opt = (ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **kw)
-                    if self.world > 1 else torch.optim.AdamW(params, **kw))
+        self.info: DistInfo = join_group(addr, port, rank=self.rank, world_size=self.world, device=self.device,
+                                         backend=backend, timeout_s=timeout_s)
+        self.net = parallel.wrap(self.model, self.cfg.parallelism, self.info,
+                                 gradient_checkpointing=self.model_cfg.gradient_checkpointing)
+        self.opt = adamw(self.model, lr=self.lr, betas=(0.9, 0.99))
 
-    def _local_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer holding this rank's moments (its shard under ZeRO): what save_state/load_state keep."""
+    def _optimizer(self) -> torch.optim.Optimizer:
         if self.opt is None:
             raise RuntimeError(f"{self.id}: setup_process_group() must run before the optimizer is used")
-        return self.opt.optim if isinstance(self.opt, ZeroRedundancyOptimizer) else self.opt
+        return self.opt
 
     def _group_mean(self, total: float, count: float) -> float:
         """sum(total) / sum(count) over the group's ranks."""
-        if dist.is_initialized() and self.world > 1:
-            t = torch.tensor([total, count], dtype=torch.float64, device=self.device)
-            dist.all_reduce(t)
-            total, count = float(t[0]), float(t[1])
-        return total / max(count, 1.0)
+        return group_mean(total, count, self.device)
+
+    def _clip(self) -> float:
+        """Clip the accumulated gradients to rl.max_grad_norm (0: off); the whole model's norm before clipping."""
+        return parallel.clip_grad_norm(self.model, self.cfg.max_grad_norm)
 
     def save_state(self, state_dir: str) -> None:
-        """Into a local folder or an fsspec URL, one atomic file at a time (artifacts/state.py)."""
-        if self.rank == 0:
-            weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self._trained_weights().items()}
-            write_file(f"{state_dir}/{self.role}.safetensors", lambda p: save_file(weights, p))
-            del weights
-        write_file(f"{state_dir}/optim-rank{self.rank}.pt", lambda p: torch.save(
-            {"optim": self._local_optimizer().state_dict(), "rng": torch.get_rng_state()}, p))
+        """Into a local folder or an fsspec URL; every rank at once."""
+        save_train_state(f"{state_dir}/train", self.model, self._optimizer())
+        write_file(f"{state_dir}/rng-rank{self.rank}.pt", lambda p: torch.save({"rng": torch.get_rng_state()}, p))
         write_file(f"{state_dir}/version-rank{self.rank}.json",
                    lambda p: Path(p).write_text(json.dumps({"version": self.version})))
 
-    def _trained_weights(self) -> dict[str, torch.Tensor]:
-        """What the state holds of the model: every weight, or with LoRA only the adapters (the frozen base is
-        the start model's, which every restart loads again)."""
-        sd = self.model.state_dict()
-        if not has_adapters(self.model):
-            return sd
-        trained = {n for n, p in self.model.named_parameters() if p.requires_grad}
-        return {k: v for k, v in sd.items() if k in trained}
-
     def load_state(self, state_dir: str) -> int:
-        weights = read_file(f"{state_dir}/{self.role}.safetensors", load_file)
-        if has_adapters(self.model):
-            want = set(self._trained_weights())
-            if set(weights) != want:
-                raise ValueError(f"{self.id}: saved {self.role} state {state_dir} holds {len(weights)} tensors, not "
-                                 f"this model's {len(want)} adapter tensors (was it saved with other model.lora "
-                                 f"settings?)")
-            self.model.load_state_dict(weights, strict=False)
-        else:
-            self.model.load_state_dict(weights)
-        s = read_file(f"{state_dir}/optim-rank{self.rank}.pt",
-                      lambda p: torch.load(p, weights_only=True, map_location="cpu"))
-        self._local_optimizer().load_state_dict(s["optim"])
-        torch.set_rng_state(s["rng"])
+        fs, path = fsspec.core.url_to_fs(f"{state_dir}/train/.metadata")
+        if not fs.exists(path):
+            raise ValueError(f"{self.id}: {state_dir} holds no {self.role} training state (no train/.metadata); a "
+                             f"state written by posttrain before the shared training core (per-rank optim-rank*.pt "
+                             f"files) cannot be resumed: start the run afresh")
+        load_train_state(f"{state_dir}/train", self.model, self._optimizer(), who=str(self.id))
+        torch.set_rng_state(read_file(f"{state_dir}/rng-rank{self.rank}.pt",
+                                      lambda p: torch.load(p, weights_only=True))["rng"])
         self.version = read_file(f"{state_dir}/version-rank{self.rank}.json",
                                  lambda p: json.loads(Path(p).read_text()))["version"]
         return self.version
@@ -164,11 +120,3 @@ class SPMDGroup:
         versions = gather([w.load_state.remote(state_dir) for w in self.workers], self.ids,
                           stage=f"{self.role}.load_state", timeout_s=self.timeout_s)
         return versions[0]
-
-
-def choose_backend(device_keys: list[str]) -> str:
-    """NCCL only when every rank is on a GPU of its own (distinct GPU UUIDs); gloo otherwise - NCCL refuses
-    two ranks on one GPU, and CPU ranks need gloo."""
-    if all(k != "cpu" for k in device_keys) and len(set(device_keys)) == len(device_keys):
-        return "nccl"
-    return "gloo"
