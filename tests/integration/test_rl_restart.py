@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.config import Algorithm, PlacementConfig, RewardConfig, RLConfig, TrackingConfig
+from posttrain.config import Algorithm, Parallelism, PlacementConfig, RewardConfig, RLConfig, TrackingConfig
 from posttrain.rl.roles.critic import CriticWorker
 from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.reference import ReferenceWorker
@@ -50,8 +50,10 @@ def dies_once(role: str, marker: Path, at_call: int) -> type:
     return type(f"DiesOnce{role.title()}", (base,), {"marker": str(marker), method: call})
 
 
-PPO_CFG = replace(CFG, algorithm=Algorithm.PPO, critic_warmup_steps=1)
-"""PPO: the critic trains alone in step 1, then both; its one-pass `fit` is its once-per-step call."""
+PPO_CFG = replace(CFG, algorithm=Algorithm.PPO, critic_warmup_steps=1, parallelism=Parallelism.FSDP2)
+"""PPO: the critic trains alone in step 1, then both; its one-pass `fit` is its once-per-step call. Policy and
+critic sharded with FSDP2 (rl.parallelism): their state is restored shard by shard (the policy-kill test above
+restores DDP's)."""
 
 
 def _run(tmp_path: Path, tiny, cfg: RLConfig, workers=None, tag: str = "run", reward: RewardConfig | None = None):
