@@ -105,7 +105,8 @@ LORA_IN_POLICY = PREPARE + r"""
 import math
 import torch
 import torch.distributed as dist
-from posttrain.config import LoraConfig, PlacementConfig, RewardConfig, RLConfig
+from torch.distributed.fsdp import FSDPModule
+from posttrain.config import LoraConfig, Parallelism, PlacementConfig, RewardConfig, RLConfig
 from posttrain.data.examples import read_examples
 from posttrain.models.io import load_tokenizer
 from posttrain.rl.controller import Controller
@@ -123,7 +124,8 @@ class Keep:
 LORA = ModelConfig(max_seq_len=32, dtype=MODEL.dtype, gradient_checkpointing=True,
                    lora=LoraConfig(rank=8, alpha=16.0))
 rl = RLConfig(steps=3, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=6, top_p=0.95, top_k=50,
-              kl_coef=0.01, checkpoint_every=0, micro_batch_size=32, remote_timeout_s=300, lr=1e-3)
+              kl_coef=0.01, checkpoint_every=0, micro_batch_size=32, remote_timeout_s=300, lr=1e-3,
+              parallelism=Parallelism.FSDP2)
 md = str(d / "model")
 policy = PolicyWorker(md, rl, 0, 1, model_cfg=LORA)
 reward = RewardWorker(RewardConfig(), 0, 1)
@@ -143,6 +145,7 @@ assert trained and all("lora_" in n for n in trained), trained[:5]
 in_opt = sum(p.numel() for g in policy.opt.param_groups for p in g["params"])
 assert in_opt == sum(p.numel() for p in policy.model.parameters() if p.requires_grad), in_opt
 assert all(p.is_cuda == CUDA and p.dtype == torch.float32 for p in policy.model.parameters())
+assert isinstance(policy.model, FSDPModule)  # rl.parallelism fsdp2: generation and the reference run gathered
 assert dist.get_backend() == ("nccl" if CUDA else "gloo"), dist.get_backend()
 assert policy.model.is_gradient_checkpointing
 assert len(history) == 3 and pg.version == 3
@@ -202,7 +205,8 @@ def test_two_rl_steps_with_real_workers_in_process(prepared, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_lora_rl_steps_with_the_policy_generating_in_process(prepared, device):
     """LoRA (bf16 autocast over fp32 adapters on CUDA) with the policy rank generating its own rollouts and the
-    base with adapters off as the KL reference: no rollout or reference model is loaded."""
+    base with adapters off as the KL reference: no rollout or reference model is loaded; the policy sharded with
+    FSDP2 (rl.parallelism), so generation and the reference pass run on the gathered model."""
     out = _run(LORA_IN_POLICY, prepared[device], device)
     print(out[-1500:])
 

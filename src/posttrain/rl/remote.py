@@ -65,7 +65,9 @@ def gather(refs: Sequence, workers: Sequence[WorkerId | str], *, stage: str, tim
     and worker. Fails fast: the first worker that fails (or dies) is reported as soon as it does, not after
     the timeout - when one SPMD rank dies, the others wait in a collective that would otherwise turn a lost
     worker into a timeout naming the survivors."""
-    if refs and isinstance(refs[0], LocalRef):
+    if not refs:  # nothing to wait for (e.g. the other ranks of a one-rank group): no Ray needed
+        return []
+    if isinstance(refs[0], LocalRef):
         out = []
         for ref, w in zip(refs, workers):
             if ref.error is not None:
