@@ -176,6 +176,35 @@ class UpdateStats:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PolicySums:
+    """A policy rank's per-token sums over its shard's tokens in the first pass (the group divides the ranks'
+    total by the group's tokens)."""
+
+    pg: float
+    """Policy-gradient term."""
+    kl: float
+    """KL term (0 without a reference)."""
+    clip: float
+    """Tokens whose ratio was clipped."""
+    entropy: float
+    mismatch_kl: float
+    """k3 estimate of KL(trainer || rollout) summed over `mismatch_tokens` (rl.mismatch_correction's gap)."""
+    mismatch_max: float
+    """The largest per-token gap (a max, not a sum: the group takes the max)."""
+    mismatch_tokens: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticSums:
+    """A critic rank's per-token sums over its shard's tokens in the first pass."""
+
+    clip: float
+    """Tokens whose clipped value term was the larger."""
+    values: float
+    """The values themselves (their mean is a health signal)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RankUpdate:
     """One SPMD training rank's answer to an update (policy or critic), reduced by its group: sums over the
     rank's shard in the first pass, and what every rank reports alike (version, checksum, gates)."""
@@ -183,9 +212,8 @@ class RankUpdate:
     loss: float
     """Policy: this rank's part of the batch loss (the ranks' parts add up to it); critic: the sum of its
     tokens' value losses."""
-    sums: tuple[tuple[str, float], ...]
-    """Per-token sums of the role's statistics over the rank's tokens, e.g. (("pg", ...), ("kl", ...)) for
-    the policy, (("clip", ...), ("values", ...)) for the critic: the group divides by the group's tokens."""
+    sums: PolicySums | CriticSums
+    """The role's statistics summed over the rank's tokens: the group divides by the group's tokens."""
     tokens: int
     """Valid tokens of the rank's shard."""
     grad_norm: float
@@ -199,9 +227,6 @@ class RankUpdate:
     """Policy: the group's mean |rollout - policy log-prob| from the first forward."""
     values: list[list[float]] | None = None
     """Critic fit: the values of the shard's rows, in shard order."""
-
-    def total(self, name: str) -> float:
-        return dict(self.sums)[name]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,7 +34,7 @@ from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.rl.algorithms import ppo
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
-from posttrain.rl.types import RankUpdate
+from posttrain.rl.types import CriticSums, RankUpdate
 from posttrain.rl.weight_sync import weights_checksum
 from posttrain.spmd import parallel
 from posttrain.spmd.memory import return_free_memory
@@ -259,7 +259,7 @@ class CriticWorker(SPMDWorker):
         return self._answer(sums, t0, grad_norm, applied=False, stopped=why)
 
     def _answer(self, sums: dict, t0: float, grad_norm: float, *, applied: bool, stopped: str) -> RankUpdate:
-        return RankUpdate(loss=sums["loss"], sums=(("clip", float(sums["clip"])), ("values", float(sums["vmean"]))),
+        return RankUpdate(loss=sums["loss"], sums=CriticSums(clip=float(sums["clip"]), values=float(sums["vmean"])),
                           tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version, checksum=self.checksum(),
                           applied=applied, stopped=stopped, compute_s=time.perf_counter() - t0)
 

@@ -79,8 +79,8 @@ class CriticGroup(SPMDGroup):
                                ", ".join(f"{w}={r.checksum[:12]}" for w, r in zip(self.ids, res)))
         tok, first = max(1, sum(r.tokens for r in res)), res[0]
         return CriticStats(value_loss=sum(r.loss for r in res) / tok,
-                           clip_fraction=sum(r.total("clip") for r in res) / tok,
-                           values_mean=sum(r.total("values") for r in res) / tok, grad_norm=first.grad_norm,
+                           clip_fraction=sum(r.sums.clip for r in res) / tok,
+                           values_mean=sum(r.sums.values for r in res) / tok, grad_norm=first.grad_norm,
                            version=first.version, weights_checksum=first.checksum,
                            compute_s=max(r.compute_s for r in res), applied=first.applied, stopped=first.stopped)
 

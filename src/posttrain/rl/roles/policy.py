@@ -86,7 +86,7 @@ from posttrain.rl.algorithms import grpo, mismatch, pg
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.policy_weights import PolicyWeights
 from posttrain.rl.roles.spmd import SPMDWorker
-from posttrain.rl.types import ModelPut, PolicyLoss, RankUpdate, TrainBatch
+from posttrain.rl.types import ModelPut, PolicyLoss, PolicySums, RankUpdate, TrainBatch
 from posttrain.spmd import parallel
 from posttrain.spmd.memory import return_free_memory
 
@@ -286,8 +286,10 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
 
     def _answer(self, sums: dict, t0: float, drift: float, grad_norm: float, *, applied: bool,
                 stopped: str) -> RankUpdate:
-        return RankUpdate(loss=sums["loss"], sums=tuple((k, float(sums[k])) for k in ("pg", "kl", "clip", "ent",
-                                                                                    "mm_kl", "mm_max", "mm_tok")),
+        return RankUpdate(loss=sums["loss"], sums=PolicySums(pg=sums["pg"], kl=sums["kl"], clip=sums["clip"],
+                                                             entropy=sums["ent"], mismatch_kl=sums["mm_kl"],
+                                                             mismatch_max=sums["mm_max"],
+                                                             mismatch_tokens=float(sums["mm_tok"])),
                           tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version,
                           checksum=self._remember_checksum(), applied=applied, stopped=stopped,
                           compute_s=time.perf_counter() - t0, drift=drift)

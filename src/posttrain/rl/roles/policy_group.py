@@ -22,7 +22,7 @@ import torch
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.spmd import SPMDGroup
-from posttrain.rl.types import ModelPut, TrainBatch, UpdateStats, WeightsHandle, WorkerId
+from posttrain.rl.types import ModelPut, PolicySums, TrainBatch, UpdateStats, WeightsHandle, WorkerId
 
 
 class PolicyGroup(SPMDGroup):
@@ -73,19 +73,17 @@ class PolicyGroup(SPMDGroup):
             raise RuntimeError("stage policy.update: policy ranks hold different weights after the update: " +
                                ", ".join(f"{w}={r.checksum[:12]}" for w, r in zip(self.ids, res)))
         tok = max(1, sum(r.tokens for r in res))
-
-        def mean(name: str) -> float:
-            return sum(r.total(name) for r in res) / tok
-
+        sums: list[PolicySums] = [r.sums for r in res]
         first = res[0]
         self.version, self._checksum = first.version, first.checksum
-        mm_tok = sum(dict(r.sums).get("mm_tok", 0.0) for r in res)
-        return UpdateStats(policy_version=self.version, loss=sum(r.loss for r in res), pg_loss=mean("pg"),
-                           kl=mean("kl"), entropy=mean("ent"), clip_fraction=mean("clip"), grad_norm=first.grad_norm,
-                           weights_checksum=first.checksum, drift=first.drift, applied=first.applied,
-                           stopped=first.stopped, compute_s=max(r.compute_s for r in res),
-                           mismatch_kl=sum(dict(r.sums).get("mm_kl", 0.0) for r in res) / max(mm_tok, 1.0),
-                           mismatch_max=max(dict(r.sums).get("mm_max", 0.0) for r in res),
+        mm_tok = sum(s.mismatch_tokens for s in sums)
+        return UpdateStats(policy_version=self.version, loss=sum(r.loss for r in res),
+                           pg_loss=sum(s.pg for s in sums) / tok, kl=sum(s.kl for s in sums) / tok,
+                           entropy=sum(s.entropy for s in sums) / tok, clip_fraction=sum(s.clip for s in sums) / tok,
+                           grad_norm=first.grad_norm, weights_checksum=first.checksum, drift=first.drift,
+                           applied=first.applied, stopped=first.stopped, compute_s=max(r.compute_s for r in res),
+                           mismatch_kl=sum(s.mismatch_kl for s in sums) / max(mm_tok, 1.0),
+                           mismatch_max=max(s.mismatch_max for s in sums),
                            skipped_rows=len(batch.response_ids) - sent)
 
     def weights(self) -> WeightsHandle:
