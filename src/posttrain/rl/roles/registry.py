@@ -125,6 +125,13 @@ def _policy_generates(s: RunSettings) -> bool:
     return s.placement.rollout_workers == 0
 
 
+def uses_reference(rl: RLConfig) -> bool:
+    """Whether the run has a reference group: rl.kl_coef > 0 (the KL term needs the start model's log-probs;
+    with no KL term it would be pure cost). Its own workers, or with `model.lora` the policy's (served_by_policy).
+    The one statement of this rule: the registry's row and the controller's check read it."""
+    return rl.kl_coef > 0
+
+
 def _lora(s: RunSettings) -> bool:
     return s.model is not None and s.model.lora is not None
 
@@ -243,7 +250,7 @@ ROLES: dict[str, RoleSpec] = {
         reads_models=(ModelSetting("reward", "models", kinds=("reward_model", "model")),), scores=True),
     "reference": RoleSpec(
         name="reference", worker=_reference_worker, group=_reference_group, trains=False, kuberay_group="train",
-        workers=lambda s: s.placement.reference_workers, enabled=lambda s: s.rl.kl_coef > 0 and not _lora(s),
+        workers=lambda s: s.placement.reference_workers, enabled=lambda s: uses_reference(s.rl) and not _lora(s),
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s))),
     "teacher": RoleSpec(
         name="teacher", worker=_teacher_worker, group=_teacher_group, trains=False, kuberay_group="train",
@@ -274,7 +281,7 @@ def served_by_policy(s: RunSettings, groups: dict[str, Any]) -> dict[str, Any]:
     rl.kl_coef > 0 the reference is the policy's model with its adapters off (reference.PolicyBaseReference);
     with placement.rollout_workers 0 the policy ranks generate the rollouts (rollout.PolicyRollout)."""
     served = {}
-    if s.rl.kl_coef > 0 and _lora(s):
+    if uses_reference(s.rl) and _lora(s):
         from posttrain.rl.roles.reference import PolicyBaseReference
 
         served["reference"] = PolicyBaseReference(groups["policy"])
@@ -336,4 +343,5 @@ __all__ = [
     "scoring_roles",
     "served_by_policy",
     "training_roles",
+    "uses_reference",
 ]
