@@ -31,6 +31,7 @@ import torch
 from posttrain.config import RewardConfig, RLConfig
 from posttrain.rl.algorithms.grpo import policy_loss
 from posttrain.rl.remote import LocalActor
+from posttrain.rl.roles.registry import uses_reference
 from posttrain.rl.roles.reward import RewardGroup, RewardWorker
 from posttrain.rl.state import PromptSampler
 from posttrain.rl.types import (
@@ -320,7 +321,7 @@ def make_fake_groups(cfg: RLConfig, *, rollout_cls: type = FakeRolloutGroup, rew
     start = _clone(BigramLM(seed=seed))
     groups = {"rollout": rollout_cls(start), "reward": reward or FakeRewardGroup(),
               "reference": FakeReferenceGroup(start), "policy": FakePolicyGroup(start, cfg)}
-    if cfg.kl_coef <= 0:
+    if not uses_reference(cfg):
         del groups["reference"]
     return groups
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from posttrain.config import PlacementConfig, PlacementMode
@@ -102,3 +106,16 @@ def test_kubernetes_quantities():
     assert memory_quantity("2G") == 2 * 10**9
     with pytest.raises(ValueError, match="4GB"):
         memory_quantity("4GB")
+
+
+def test_the_role_table_returns_its_classes_and_reading_it_imports_no_model_code():
+    """Each registry row's `worker` / `group` returns the class itself (nothing named by a string); placement and
+    the RayJob task read the table without importing torch, transformers or vLLM (the classes import them)."""
+    code = ("import inspect, sys; import posttrain.rl.placement, posttrain.rl.model_inputs, tasks.rl; "
+            "from posttrain.rl.roles.registry import ROLES; "
+            "heavy = {'torch', 'transformers', 'vllm'} & set(sys.modules); assert not heavy, heavy; "
+            "got = {n: (s.worker(), s.group()) for n, s in ROLES.items()}; "
+            "assert all(inspect.isclass(w) and w.__name__.endswith('Worker') and inspect.isclass(g) "
+            "and g.__name__.endswith('Group') for w, g in got.values()), got; "
+            "assert 'vllm' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=180, cwd=Path(__file__).parents[2])

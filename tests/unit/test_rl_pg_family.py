@@ -58,6 +58,7 @@ def _run(folders, cfg, reward=None):
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_group import PolicyGroup
     from posttrain.rl.roles.reference import ReferenceGroup, ReferenceWorker
+    from posttrain.rl.roles.registry import uses_reference
     from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
     from posttrain.rl.state import PromptSampler
     from tests.rl_fakes import NullTracker
@@ -79,7 +80,7 @@ def _run(folders, cfg, reward=None):
     reward.score = lambda t: seen["rewards"].append(real_score(t)) or seen["rewards"][-1]
     groups = {"rollout": RolloutGroup([LocalActor(rollout)], [rollout.identity()], 60), "reward": reward,
               "policy": pg}
-    if cfg.kl_coef > 0:
+    if uses_reference(cfg):
         ref = ReferenceWorker(md, 0, 1, cfg)
         rg = ReferenceGroup([LocalActor(ref)], [ref.identity()], 60)
         real_lp = rg.log_probs

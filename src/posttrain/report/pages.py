@@ -116,7 +116,7 @@ def _phase_times(history: list[dict], algorithm: str | None) -> dict[str, list[f
     (`loops.ALGORITHMS`; the manifest's JSON keeps keys sorted), plus `other`: the rest of the step's wall time."""
     from posttrain.rl.loops import ALGORITHMS
 
-    known = ALGORITHMS[algorithm].phases if algorithm in ALGORITHMS else ()
+    known = next((spec.phases for a, spec in ALGORITHMS.items() if a.value == algorithm), ())
     found = {k[len("time/"):-len("_s")] for h in history for k in h if k.startswith("time/")}
     order = [p for p in known if p in found] + sorted(found - set(known))
     phases = [f"time/{p}_s" for p in order]

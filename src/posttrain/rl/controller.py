@@ -34,7 +34,7 @@ from posttrain.config import RLConfig
 from posttrain.rl.loops import ALGORITHMS
 from posttrain.rl.loops.common import NonFiniteError, RewardFailureError, StepRun  # noqa: F401 - re-exported
 from posttrain.rl.metrics import StepMetrics, step_metrics
-from posttrain.rl.roles.registry import load, scoring_groups
+from posttrain.rl.roles.registry import scoring_groups, uses_reference
 from posttrain.rl.state import Checkpointer, PromptSampler
 from posttrain.rl.weight_sync import verify_reports
 
@@ -50,7 +50,7 @@ class Controller:
     def __init__(self, rl_cfg: RLConfig, groups: Mapping[str, Any], prompt_sampler: PromptSampler,
                  tracker: StepTracker, checkpointer: Checkpointer | None):
         """`groups`: role name -> group (rl/roles/registry.py names; a role the run does not create is absent)."""
-        if (rl_cfg.kl_coef > 0) != (groups.get("reference") is not None):
+        if uses_reference(rl_cfg) != (groups.get("reference") is not None):
             raise ValueError(f"rl.kl_coef = {rl_cfg.kl_coef} needs a reference group exactly when it is > 0")
         self.cfg, self.groups, self.sampler = rl_cfg, dict(groups), prompt_sampler
         self.algorithm = make_algorithm(rl_cfg, self.groups)
@@ -181,7 +181,7 @@ def _unflatten(flat: dict) -> dict:
 def make_algorithm(cfg: RLConfig, groups: Mapping[str, Any]):
     """The loop of `rl.algorithm` over the groups its `Roles` dataclass names (an absent optional one: None);
     `scorers` are the run's scoring groups (registry `scores=True`)."""
-    cls = load(ALGORITHMS[cfg.algorithm.value].loop)
+    cls = ALGORITHMS[cfg.algorithm].loop
     groups = {**groups, "scorers": scoring_groups(groups)}
     fields = dataclasses.fields(cls.Roles)
     missing = [f.name for f in fields if f.default is dataclasses.MISSING and groups.get(f.name) is None]

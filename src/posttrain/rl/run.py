@@ -149,7 +149,7 @@ class ControllerActor:
 def default_workers() -> dict[str, type]:
     """Role -> worker class, from the registry (a plain dict: tests swap in faulty workers, e.g. a stale
     rollout worker)."""
-    return {name: registry.load(spec.worker) for name, spec in registry.ROLES.items()}
+    return {name: spec.worker() for name, spec in registry.ROLES.items()}
 
 
 def _role_actors(plan, pgs: dict, workers: dict[str, type], settings: registry.RunSettings) -> dict[str, list]:

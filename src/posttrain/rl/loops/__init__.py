@@ -3,10 +3,10 @@
 with dynamic sampling and the overlong penalty), ppo.py (a critic), distill.py (on-policy distillation: a
 teacher's per-token log-probs).
 
-ALGORITHMS maps `rl.algorithm` to its loop ("module:Class") and the phases its step runs, in order (the RL
-page stacks the phase times in this order). A loop class has `Roles`, a frozen dataclass naming the role
-groups it reads (the controller fills it from the run's groups by field name; an optional role is a field
-with a default), and `step(prompts, run) -> StepOutcome` (loops/common.py). An algorithm's published defaults
+ALGORITHMS maps `rl.algorithm` to its loop class and the phases its step runs, in order (the RL page stacks the
+phase times in this order). A loop class has `Roles`, a frozen dataclass naming the role groups it reads (the
+controller fills it from the run's groups by field name; an optional role is a field with a default), and
+`step(prompts, run) -> StepOutcome` (loops/common.py). An algorithm's published defaults
 for rl settings (gspo's clip range, ...) are config, applied at plan: posttrain.config.algorithm_defaults.
 """
 
@@ -14,13 +14,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from posttrain.config import Algorithm
+from posttrain.rl.loops.common import Loop
+from posttrain.rl.loops.dapo import DAPO
+from posttrain.rl.loops.distill import OnPolicyDistill
+from posttrain.rl.loops.family import GSPO, RLOO, DrGRPO
+from posttrain.rl.loops.grpo import GRPO
+from posttrain.rl.loops.ppo import PPO
+from posttrain.rl.loops.reinforce_pp import ReinforcePP
 from posttrain.rl.roles.registry import scoring_roles
 
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmSpec:
-    loop: str
-    """"module:Class" of the loop."""
+    loop: type[Loop]
+    """The loop class: `loop(cfg, loop.Roles(...))` (controller.make_algorithm)."""
     phases: tuple[str, ...]
     """The phases of one step in the order they run (`run.phase(name)`; "sync" is the controller's)."""
 
@@ -30,17 +38,16 @@ SCORE_PHASES = ("reward", *scoring_roles())
 GROUP_PHASES = ("rollout", *SCORE_PHASES, "reference", "advantages", "update", "sync")
 """A critic-free step: GRPO, its family, REINFORCE++."""
 
-ALGORITHMS: dict[str, AlgorithmSpec] = {
-    "grpo": AlgorithmSpec(loop="posttrain.rl.loops.grpo:GRPO", phases=GROUP_PHASES),
-    "ppo": AlgorithmSpec(loop="posttrain.rl.loops.ppo:PPO",
-                         phases=("rollout", *SCORE_PHASES, "reference", "values", "advantages", "critic", "update",
-                                 "sync")),
-    "rloo": AlgorithmSpec(loop="posttrain.rl.loops.family:RLOO", phases=GROUP_PHASES),
-    "dr_grpo": AlgorithmSpec(loop="posttrain.rl.loops.family:DrGRPO", phases=GROUP_PHASES),
-    "gspo": AlgorithmSpec(loop="posttrain.rl.loops.family:GSPO", phases=GROUP_PHASES),
-    "reinforce_pp": AlgorithmSpec(loop="posttrain.rl.loops.reinforce_pp:ReinforcePP", phases=GROUP_PHASES),
-    "dapo": AlgorithmSpec(loop="posttrain.rl.loops.dapo:DAPO", phases=GROUP_PHASES),
-    "on_policy_distill": AlgorithmSpec(loop="posttrain.rl.loops.distill:OnPolicyDistill",
-                                       phases=("rollout", *SCORE_PHASES, "reference", "teacher", "advantages",
-                                               "update", "sync")),
+ALGORITHMS: dict[Algorithm, AlgorithmSpec] = {
+    Algorithm.GRPO: AlgorithmSpec(loop=GRPO, phases=GROUP_PHASES),
+    Algorithm.PPO: AlgorithmSpec(loop=PPO, phases=("rollout", *SCORE_PHASES, "reference", "values", "advantages",
+                                                   "critic", "update", "sync")),
+    Algorithm.RLOO: AlgorithmSpec(loop=RLOO, phases=GROUP_PHASES),
+    Algorithm.DR_GRPO: AlgorithmSpec(loop=DrGRPO, phases=GROUP_PHASES),
+    Algorithm.GSPO: AlgorithmSpec(loop=GSPO, phases=GROUP_PHASES),
+    Algorithm.REINFORCE_PP: AlgorithmSpec(loop=ReinforcePP, phases=GROUP_PHASES),
+    Algorithm.DAPO: AlgorithmSpec(loop=DAPO, phases=GROUP_PHASES),
+    Algorithm.ON_POLICY_DISTILL: AlgorithmSpec(loop=OnPolicyDistill,
+                                               phases=("rollout", *SCORE_PHASES, "reference", "teacher", "advantages",
+                                                       "update", "sync")),
 }

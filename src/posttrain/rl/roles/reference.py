@@ -47,8 +47,6 @@ class ReferenceWorker:
 
 class ReferenceGroup:
     role = "reference"
-    method = "log_probs"
-    """The workers' method that answers (PolicyBaseReference: the policy workers' `base_log_probs`)."""
 
     def __init__(self, workers: list, ids: list[WorkerId], timeout_s: float):
         self.workers, self.ids, self.timeout_s = workers, ids, timeout_s
@@ -60,19 +58,27 @@ class ReferenceGroup:
         t = trajectories
         lengths = [len(p) + len(r) for p, r in zip(t.prompt_ids, t.response_ids)]
         sh = dispatch.shard(list(range(len(lengths))), lengths, len(self.workers))
-        refs = [getattr(w, self.method).remote([t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx],
-                                               temperature)
+        refs = [self.worker_log_probs(w, [t.prompt_ids[i] for i in idx], [t.response_ids[i] for i in idx],
+                                      temperature)
                 for w, idx in zip(self.workers, sh.indices)]
         results = gather(refs, self.ids, stage=f"{self.role}.log_probs", timeout_s=self.timeout_s)
         return LogProbs(policy_version=t.policy_version, values=dispatch.merge(sh, [r[0] for r in results]),
                            compute_s=max(r[1] for r in results))
+
+    @staticmethod
+    def worker_log_probs(w, prompt_ids, response_ids, temperature: float):
+        """One worker's shard: `ReferenceWorker.log_probs` (PolicyBaseReference: the policy's `base_log_probs`)."""
+        return w.log_probs.remote(prompt_ids, response_ids, temperature)
 
 
 class PolicyBaseReference(ReferenceGroup):
     """The reference with `model.lora`: the policy workers' own model with its adapters off (`base_log_probs`) -
     the start model, in the policy's processes, never loaded a second time; no reference workers start."""
 
-    method = "base_log_probs"
-
     def __init__(self, policy):
         super().__init__(policy.workers, policy.ids, policy.timeout_s)
+
+    @staticmethod
+    def worker_log_probs(w, prompt_ids, response_ids, temperature: float):
+        """One policy rank's shard: `PolicyWorker.base_log_probs` (its model with the adapters off)."""
+        return w.base_log_probs.remote(prompt_ids, response_ids, temperature)

@@ -2,7 +2,7 @@
 
     reader                                   reads
     placement.plan_placement                 role_counts(settings) (worker counts), kuberay_group
-    rl.run (actor start-up, restarts)        worker (import path), worker_args, group, enabled
+    rl.run (actor start-up, restarts)        worker (the class), worker_args, group, enabled
     rl.model_inputs (stages.rl: lineage)     reads_models: the settings naming models it loads
     Checkpointer (save, resume)              trains: every training role's state is saved and restored
     Controller (the algorithm's handles)     the built groups by name; an algorithm picks the ones it reads
@@ -10,8 +10,9 @@
     metrics / Decks                          the phase and compute names are the role names
 
 A role is one row of ROLES (a plain dict you can grep). Adding one means: its worker and group (own files),
-its row here, and its settings (config/sections.py); the algorithm that reads it names it in its own roles
-dataclass (rl/loops/). How a call fans out over the workers (one, all, split) is the group's own code.
+the two functions here that return those classes, its row here, and its settings (config/sections.py); the
+algorithm that reads it names it in its own roles dataclass (rl/loops/). How a call fans out over the workers
+(one, all, split) is the group's own code.
 
 Worker counts and whether a role runs are functions of the run's settings, so `posttrain plan` can show them
 before anything starts. Constructor arguments are built here, not in `rl.run`, so the start-up code has no
@@ -20,12 +21,22 @@ role names in it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig
+
+if TYPE_CHECKING:
+    from posttrain.rl.roles.critic import CriticWorker
+    from posttrain.rl.roles.critic_group import CriticGroup
+    from posttrain.rl.roles.policy import PolicyWorker
+    from posttrain.rl.roles.policy_group import PolicyGroup
+    from posttrain.rl.roles.reference import ReferenceGroup, ReferenceWorker
+    from posttrain.rl.roles.reward import RewardGroup, RewardWorker
+    from posttrain.rl.roles.reward_model import RewardModelGroup, RewardModelWorker
+    from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
+    from posttrain.rl.roles.teacher import TeacherGroup, TeacherWorker
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,10 +82,11 @@ class ModelSetting:
 @dataclass(frozen=True, kw_only=True)
 class RoleSpec:
     name: str
-    worker: str
-    """"module:Class" of the worker: one Ray actor per rank (imported only where the actors start)."""
-    group: str
-    """"module:Class" of the controller-side group that fans calls out over the workers and merges."""
+    worker: Callable[[], type]
+    """() -> the worker class: one Ray actor per rank (its module is imported only where the actors start: see
+    "The role classes" below)."""
+    group: Callable[[], type]
+    """() -> the class of the controller-side group that fans calls out over the workers and merges."""
     trains: bool
     """True: it has an optimizer, so its state is checkpointed with the policy's and restored on resume (and
     its group is an SPMD torch.distributed group, set up once its workers start)."""
@@ -113,27 +125,123 @@ def _policy_generates(s: RunSettings) -> bool:
     return s.placement.rollout_workers == 0
 
 
+def uses_reference(rl: RLConfig) -> bool:
+    """Whether the run has a reference group: rl.kl_coef > 0 (the KL term needs the start model's log-probs;
+    with no KL term it would be pure cost). Its own workers, or with `model.lora` the policy's (served_by_policy).
+    The one statement of this rule: the registry's row and the controller's check read it."""
+    return rl.kl_coef > 0
+
+
 def _lora(s: RunSettings) -> bool:
     return s.model is not None and s.model.lora is not None
 
 
+# The role classes. Each is returned by a function that imports its module when called (build_group,
+# rl.run.default_workers: where a run starts its actors) instead of at the top of this file, because the
+# table is also read where no model runs - placement and through it tasks/rl.py and tasks/rayjob_shape.py
+# (kuberay_group), model_inputs for stages.rl (reads_models) - and the role modules import torch and
+# transformers (seconds per process; the task modules other than tasks/sft.py import neither).
+# vLLM is never imported through them: rollout.py imports rollout_vllm only for rl.rollout_backend = "vllm".
+# Go-to-definition on a class name below reaches the class.
+
+def _rollout_worker() -> type[RolloutWorker]:
+    from posttrain.rl.roles.rollout import RolloutWorker
+
+    return RolloutWorker
+
+
+def _rollout_group() -> type[RolloutGroup]:
+    from posttrain.rl.roles.rollout import RolloutGroup
+
+    return RolloutGroup
+
+
+def _reward_worker() -> type[RewardWorker]:
+    from posttrain.rl.roles.reward import RewardWorker
+
+    return RewardWorker
+
+
+def _reward_group() -> type[RewardGroup]:
+    from posttrain.rl.roles.reward import RewardGroup
+
+    return RewardGroup
+
+
+def _reward_model_worker() -> type[RewardModelWorker]:
+    from posttrain.rl.roles.reward_model import RewardModelWorker
+
+    return RewardModelWorker
+
+
+def _reward_model_group() -> type[RewardModelGroup]:
+    from posttrain.rl.roles.reward_model import RewardModelGroup
+
+    return RewardModelGroup
+
+
+def _reference_worker() -> type[ReferenceWorker]:
+    from posttrain.rl.roles.reference import ReferenceWorker
+
+    return ReferenceWorker
+
+
+def _reference_group() -> type[ReferenceGroup]:
+    from posttrain.rl.roles.reference import ReferenceGroup
+
+    return ReferenceGroup
+
+
+def _teacher_worker() -> type[TeacherWorker]:
+    from posttrain.rl.roles.teacher import TeacherWorker
+
+    return TeacherWorker
+
+
+def _teacher_group() -> type[TeacherGroup]:
+    from posttrain.rl.roles.teacher import TeacherGroup
+
+    return TeacherGroup
+
+
+def _policy_worker() -> type[PolicyWorker]:
+    from posttrain.rl.roles.policy import PolicyWorker
+
+    return PolicyWorker
+
+
+def _policy_group() -> type[PolicyGroup]:
+    from posttrain.rl.roles.policy_group import PolicyGroup
+
+    return PolicyGroup
+
+
+def _critic_worker() -> type[CriticWorker]:
+    from posttrain.rl.roles.critic import CriticWorker
+
+    return CriticWorker
+
+
+def _critic_group() -> type[CriticGroup]:
+    from posttrain.rl.roles.critic_group import CriticGroup
+
+    return CriticGroup
+
+
 ROLES: dict[str, RoleSpec] = {
     "rollout": RoleSpec(
-        name="rollout", worker="posttrain.rl.roles.rollout:RolloutWorker",
-        group="posttrain.rl.roles.rollout:RolloutGroup", trains=False,
+        name="rollout", worker=_rollout_worker, group=_rollout_group, trains=False,
         kuberay_group="rollout", workers=lambda s: s.placement.rollout_workers,
         enabled=lambda s: not _policy_generates(s),
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, 0, s.model, s.rl.rollout_backend,
                                         _gen_threads(s))),
     "reward": RoleSpec(
-        name="reward", worker="posttrain.rl.roles.reward:RewardWorker",
-        group="posttrain.rl.roles.reward:RewardGroup", trains=False, kuberay_group="train",
+        name="reward", worker=_reward_worker, group=_reward_group, trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reward_workers, enabled=lambda s: True,
         worker_args=lambda s, rank, n: (s.reward, rank, n),
         group_args=lambda ctx: {"weight": ctx.settings.reward.fn_weight}),
     "reward_model": RoleSpec(
-        name="reward_model", worker="posttrain.rl.roles.reward_model:RewardModelWorker",
-        group="posttrain.rl.roles.reward_model:RewardModelGroup", trains=False,
+        name="reward_model", worker=_reward_model_worker, group=_reward_model_group, trains=False,
         kuberay_group="train", workers=lambda s: s.placement.reward_model_workers,
         enabled=lambda s: bool(s.reward.models),
         worker_args=lambda s, rank, n: (s.reward.models, rank, n, s.model, _gen_threads(s)),
@@ -141,25 +249,21 @@ ROLES: dict[str, RoleSpec] = {
                                 "weights": ctx.settings.reward.model_weights or [1.0] * len(ctx.settings.reward.models)},
         reads_models=(ModelSetting("reward", "models", kinds=("reward_model", "model")),), scores=True),
     "reference": RoleSpec(
-        name="reference", worker="posttrain.rl.roles.reference:ReferenceWorker",
-        group="posttrain.rl.roles.reference:ReferenceGroup", trains=False, kuberay_group="train",
-        workers=lambda s: s.placement.reference_workers, enabled=lambda s: s.rl.kl_coef > 0 and not _lora(s),
+        name="reference", worker=_reference_worker, group=_reference_group, trains=False, kuberay_group="train",
+        workers=lambda s: s.placement.reference_workers, enabled=lambda s: uses_reference(s.rl) and not _lora(s),
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s))),
     "teacher": RoleSpec(
-        name="teacher", worker="posttrain.rl.roles.teacher:TeacherWorker",
-        group="posttrain.rl.roles.teacher:TeacherGroup", trains=False, kuberay_group="train",
+        name="teacher", worker=_teacher_worker, group=_teacher_group, trains=False, kuberay_group="train",
         workers=lambda s: s.placement.teacher_workers, enabled=lambda s: s.rl.algorithm.value == "on_policy_distill",
         worker_args=lambda s, rank, n: (s.rl.teacher, s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s)),
         reads_models=(ModelSetting("rl", "teacher"),)),
     "policy": RoleSpec(
-        name="policy", worker="posttrain.rl.roles.policy:PolicyWorker",
-        group="posttrain.rl.roles.policy_group:PolicyGroup", trains=True, kuberay_group="train",
+        name="policy", worker=_policy_worker, group=_policy_group, trains=True, kuberay_group="train",
         workers=lambda s: s.placement.policy_workers, enabled=lambda s: True,
         worker_args=lambda s, rank, n: (s.start_model_dir, s.rl, rank, n, s.model, s.placement.torch_threads),
         group_args=_policy_shared_folder),
     "critic": RoleSpec(
-        name="critic", worker="posttrain.rl.roles.critic:CriticWorker",
-        group="posttrain.rl.roles.critic_group:CriticGroup", trains=True,
+        name="critic", worker=_critic_worker, group=_critic_group, trains=True,
         kuberay_group="train", workers=lambda s: s.placement.critic_workers or s.placement.policy_workers,
         enabled=lambda s: s.rl.algorithm.value == "ppo",
         worker_args=lambda s, rank, n: (s.rl.critic_init or s.start_model_dir, s.rl, rank, n, s.model,
@@ -177,10 +281,14 @@ def served_by_policy(s: RunSettings, groups: dict[str, Any]) -> dict[str, Any]:
     rl.kl_coef > 0 the reference is the policy's model with its adapters off (reference.PolicyBaseReference);
     with placement.rollout_workers 0 the policy ranks generate the rollouts (rollout.PolicyRollout)."""
     served = {}
-    if s.rl.kl_coef > 0 and _lora(s):
-        served["reference"] = load("posttrain.rl.roles.reference:PolicyBaseReference")(groups["policy"])
+    if uses_reference(s.rl) and _lora(s):
+        from posttrain.rl.roles.reference import PolicyBaseReference
+
+        served["reference"] = PolicyBaseReference(groups["policy"])
     if _policy_generates(s):
-        served["rollout"] = load("posttrain.rl.roles.rollout:PolicyRollout")(groups["policy"])
+        from posttrain.rl.roles.rollout import PolicyRollout
+
+        served["rollout"] = PolicyRollout(groups["policy"])
     return served
 
 
@@ -198,15 +306,9 @@ def kuberay_group(role: str) -> str:
     return ROLES[role].kuberay_group
 
 
-def load(path: str) -> Any:
-    """The class named by "module:Class"."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def build_group(spec: RoleSpec, workers: list, ids: list, ctx: GroupContext) -> Any:
     """The role's group around its started workers; an SPMD (training) group also forms its process group."""
-    group = load(spec.group)(workers, ids, ctx.timeout_s, **spec.group_args(ctx))
+    group = spec.group()(workers, ids, ctx.timeout_s, **spec.group_args(ctx))
     if spec.trains:
         group.setup()  # the SPMD ranks join one torch.distributed group
     return group
@@ -236,10 +338,10 @@ __all__ = [
     "active_roles",
     "build_group",
     "kuberay_group",
-    "load",
     "role_counts",
     "scoring_groups",
     "scoring_roles",
     "served_by_policy",
     "training_roles",
+    "uses_reference",
 ]
