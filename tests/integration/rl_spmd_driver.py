@@ -17,7 +17,6 @@ import random
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
