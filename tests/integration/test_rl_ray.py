@@ -222,7 +222,7 @@ def test_controller_with_real_ray_actors(ray_local, tiny_sft_model, tmp_path):
 @pytest.mark.parametrize("rollout_workers", [1, 0])
 def test_lora_policy_through_real_actors_serves_its_own_reference_and_stores_an_adapter(ray_local, tiny_sft_model,
                                                                                        tmp_path, rollout_workers):
-    """model.lora on Ray: two policy ranks (DDP, ZeRO-1 over the adapters) with kl_coef > 0 and no reference
+    """model.lora on Ray: two policy ranks (DDP; AdamW over the adapters) with kl_coef > 0 and no reference
     actor - the policy ranks answer with adapters off; the rollout worker holds the merged weights (no drift),
     or with placement.rollout_workers 0 no rollout actor starts and each policy rank generates its share;
     each checkpoint is an adapter artifact of the start model, which evaluation opens merged."""
