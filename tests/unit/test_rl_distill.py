@@ -14,7 +14,8 @@ import torch
 from posttrain.config import Algorithm, RLConfig
 from posttrain.models.io import load_tokenizer, save_model
 from posttrain.rl.algorithms.grpo import group_advantages
-from posttrain.rl.loops.common import pad_rows, response_mask
+from posttrain.rl.loops.common import response_mask
+from posttrain.rl.ragged import pad_rows
 from posttrain.rl.remote import LocalActor
 from tests.unit.test_rl_pg_family import Reward01, _examples
 
@@ -57,10 +58,10 @@ def test_each_token_is_advantaged_by_the_teachers_log_prob_over_the_students(fol
     history, seen = _run(folders, cfg, folders["tiny"])
     for batch, teacher, rewards in zip(seen["batches"], seen["teacher"], seen["rewards"]):
         mask = response_mask(batch.response_ids)
-        want = (pad_rows(teacher.values, mask) - pad_rows(batch.old_logprobs, mask)) * mask
+        want = (pad_rows(teacher.values, mask.shape) - pad_rows(batch.old_logprobs, mask.shape)) * mask
         if reward_weight:
             want = want + reward_weight * group_advantages(torch.tensor(rewards.scores), 2, std_normalize=True)[:, None] * mask
-        assert torch.allclose(pad_rows(batch.advantages, mask), want, atol=1e-6)
+        assert torch.allclose(pad_rows(batch.advantages, mask.shape), want, atol=1e-6)
         assert want.abs().sum() > 0
     assert [m.policy_version for m in history] == [1, 2] and "teacher" in history[0].phase_s
     assert history[0].extra["distill/reverse_kl"] > 0

@@ -16,7 +16,8 @@ from posttrain.models.io import load_tokenizer
 from posttrain.rl.algorithms.grpo import group_advantages, kl_penalty
 from posttrain.rl.algorithms.pg import reinforce_pp_returns, rloo_advantages
 from posttrain.rl.algorithms.ppo import token_rewards
-from posttrain.rl.loops.common import pad_rows, response_mask
+from posttrain.rl.loops.common import response_mask
+from posttrain.rl.ragged import pad_rows
 from posttrain.rl.remote import LocalActor
 from posttrain.rl.types import PolicyLoss
 
@@ -112,9 +113,9 @@ def test_each_loop_hands_the_policy_its_advantages_and_objective(folders, world_
             continue
         assert batch.ref_logprobs is None  # the KL is in the reward, not in the loss
         mask = response_mask(batch.response_ids)
-        kl = kl_penalty(pad_rows(batch.old_logprobs, mask), pad_rows(seen["ref"][k].values, mask), cfg.kl_estimator)
+        kl = kl_penalty(pad_rows(batch.old_logprobs, mask.shape), pad_rows(seen["ref"][k].values, mask.shape), cfg.kl_estimator)
         want = reinforce_pp_returns(token_rewards(scores, mask, kl=kl, kl_coef=cfg.kl_coef), mask, gamma=cfg.gamma)
-        assert torch.allclose(pad_rows(batch.advantages, mask), want, atol=1e-5)
+        assert torch.allclose(pad_rows(batch.advantages, mask.shape), want, atol=1e-5)
         assert abs(history[k].extra["adv/mean"]) < 1e-5
     if name == "reinforce_pp":  # step 1 samples from the reference's own weights (KL 0); step 2 from trained ones
         assert history[0].extra["reward/kl_in_reward"] == 0 < history[1].extra["reward/kl_in_reward"]

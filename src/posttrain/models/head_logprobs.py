@@ -5,7 +5,7 @@ response tokens of SmolLM2 (49,152 tokens) has 50 MB of fp32 logits, and the tem
 and their gradients hold several more of that size until the backward ends. `response_logprobs` instead:
 
 1. runs the model up to its final hidden states (the output head swapped for an identity during that forward,
-   so DDP, gradient checkpointing and LoRA see the same forward as before), keeping only the response
+   so DDP, FSDP2, gradient checkpointing and LoRA see the model's own forward), keeping only the response
    positions that exist (padding never reaches the head);
 2. applies the head in chunks of rows inside one autograd function (`_HeadLogprobs`): each chunk's logits give
    the target's log-prob under the sampling distribution (temperature, then top-k / top-p truncation with the

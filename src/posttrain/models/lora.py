@@ -2,7 +2,7 @@
 weights, and store them as a peft adapter folder.
 
 - **Adding** (`add_adapters`): peft's LoRA layers wrap the targeted `nn.Linear`s in place, so the model keeps its
-  class (generate, FSDP2's per-layer sharding and the reward model's head read it as before). Every base weight
+  class (generate, FSDP2's per-layer sharding and the reward model's head find what they expect). Every base weight
   is frozen; only `lora_A`/`lora_B` (and a reward model's new score head) train, so only they are in the
   optimizer, in the resumable state and in the stored artifact. `lora_B` starts at zero: with adapters added
   the model computes exactly what its base does.

@@ -75,7 +75,7 @@ class Controller:
         run = StepRun(step=self.step_count + 1, version=self.version, seed=self.rng.randrange(2**31),
                       phase=lambda name: self._phase(phase, name),
                       draw=lambda: self.sampler.next_batch(policy_version=self.version))
-        with self._phase(phase, "rollout"):  # the sampler's time counts as the rollout's, as it always did
+        with self._phase(phase, "rollout"):  # the sampler's time counts as the rollout's: drawing prompts is part of producing them
             prompts = self.sampler.next_batch(policy_version=self.version)
         out = self.algorithm.step(prompts, run)
         if out.stats is not None:  # None: this step trained no policy (e.g. PPO's critic warm-up)

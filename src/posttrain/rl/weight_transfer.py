@@ -6,7 +6,7 @@ Here policy rank 0 streams its tensors into one file in /dev/shm (converted tens
 the rollout generates in; no copy at all when they already are that dtype on the CPU), and every rollout
 worker on that node copies them, tensor by tensor, into the weights it holds: one copy in flight, in pages
 that all readers share. `PolicyGroup.weights` uses this only when every rollout worker is on policy rank 0's
-node; otherwise the object store carries the weights as before.
+node; otherwise Ray's object store carries the weights.
 
 A tensor stored under two names (tied input/output embeddings) is written once; the other name is listed
 as an alias in the file's metadata. The file is deleted as soon as every rollout worker has copied it

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from posttrain.config import RLConfig
+from posttrain.rl.roles.protocols import Generates, GivesLogProbs, Scorer, ScoresWithFunctions, TrainsPolicy
 from posttrain.rl.types import LogProbs, PromptBatch, Rewards, TrainBatch, Trajectories, UpdateStats
 from posttrain.rl.weight_sync import drift_gate
 
@@ -42,18 +43,19 @@ class NonFiniteError(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyGradientRoles:
-    """The role groups every policy-gradient loop reads; an algorithm's own `Roles` adds to these (PPO: critic).
-    The groups are the classes in rl/roles/ (or in-process fakes with the same methods)."""
+    """The role groups every policy-gradient loop reads, typed by what they do (rl/roles/protocols.py); an
+    algorithm's own `Roles` adds to these (PPO: critic). The groups are the classes in rl/roles/ (or in-process
+    fakes with the same methods)."""
 
-    rollout: object
+    rollout: Generates
     """roles.rollout.RolloutGroup (or PolicyRollout)."""
-    reward: object
+    reward: ScoresWithFunctions
     """roles.reward.RewardGroup."""
-    policy: object
+    policy: TrainsPolicy
     """roles.policy_group.PolicyGroup."""
-    reference: object | None = None
+    reference: GivesLogProbs | None = None
     """roles.reference.ReferenceGroup (or PolicyBaseReference): present exactly when rl.kl_coef > 0."""
-    scorers: tuple = ()
+    scorers: tuple[Scorer, ...] = ()
     """The run's scoring groups (registry rows with `scores=True`, e.g. the learned reward models: `role`,
     `score(Trajectories) -> Scores`, `weighted(Scores)`), in ROLES order: `score` adds each one's weighted scores
     to the functions'."""
@@ -97,7 +99,7 @@ class StepOutcome:
     """Worker-timed seconds of roles beyond rollout, reward, reference and the policy update (e.g. critic)."""
 
 
-def generate(rollout, prompts: PromptBatch, cfg: RLConfig, run: StepRun) -> Trajectories:
+def generate(rollout: Generates, prompts: PromptBatch, cfg: RLConfig, run: StepRun) -> Trajectories:
     with run.phase("rollout"):
         traj = rollout.generate(prompts, n=cfg.samples_per_prompt, temperature=cfg.temperature,
                                 max_new_tokens=cfg.max_new_tokens, seed=run.seed, top_p=cfg.top_p, top_k=cfg.top_k)
@@ -106,7 +108,8 @@ def generate(rollout, prompts: PromptBatch, cfg: RLConfig, run: StepRun) -> Traj
     return traj
 
 
-def score(reward, traj: Trajectories, cfg: RLConfig, run: StepRun, *, scorers=()) -> tuple[Rewards, dict]:
+def score(reward: ScoresWithFunctions, traj: Trajectories, cfg: RLConfig, run: StepRun, *,
+          scorers: tuple[Scorer, ...] = ()) -> tuple[Rewards, dict]:
     """The samples' rewards and their metrics: the reward functions' (or verifier's) scores x `reward.weight`
     (reward.fn_weight) plus every scoring role's weighted scores (`scorers`, each timed as its own phase). The
     functions' own mean and accuracy are always reported (reward/fn_mean, reward/fn_accuracy), so a run trained
@@ -133,7 +136,7 @@ def score(reward, traj: Trajectories, cfg: RLConfig, run: StepRun, *, scorers=()
     return mixed, metrics
 
 
-def reference_logprobs(reference, traj: Trajectories, cfg: RLConfig, run: StepRun) -> LogProbs | None:
+def reference_logprobs(reference: GivesLogProbs | None, traj: Trajectories, cfg: RLConfig, run: StepRun) -> LogProbs | None:
     """The frozen start model's log-probs of the samples; None when the run has no reference role."""
     if reference is None:
         return None
@@ -143,7 +146,8 @@ def reference_logprobs(reference, traj: Trajectories, cfg: RLConfig, run: StepRu
     return ref
 
 
-def update_policy(policy, batch: TrainBatch, cfg: RLConfig, run: StepRun, *, rollout) -> UpdateStats:
+def update_policy(policy: TrainsPolicy, batch: TrainBatch, cfg: RLConfig, run: StepRun, *, rollout: Generates
+                  ) -> UpdateStats:
     """One SPMD policy update. Before it both sides hold version v, so its first forward compares the rollout
     engine with the policy on identical weights - the drift check of the previous step's weight sync, end to
     end; the drift gate and the non-finite gates stop it before its optimizer step."""
@@ -186,19 +190,6 @@ def response_mask(response_ids: list[list[int]]) -> torch.Tensor:
     R = max(max(len(x) for x in response_ids), 1)
     lengths = torch.tensor([len(x) for x in response_ids])
     return torch.arange(R)[None, :] < lengths[:, None]
-
-
-def pad_rows(rows: list[list[float]], mask: torch.Tensor) -> torch.Tensor:
-    """Ragged per-token rows -> (B, R) float32, zeros past each row's end."""
-    out = torch.zeros(mask.shape, dtype=torch.float32)
-    for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out
-
-
-def rows_of(x: torch.Tensor, response_ids: list[list[int]]) -> list[list[float]]:
-    """(B, R) -> ragged per-token rows, each as long as its response."""
-    return [x[i, :len(r)].tolist() for i, r in enumerate(response_ids)]
 
 
 def advantage_metrics(adv: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

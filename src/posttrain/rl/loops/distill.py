@@ -27,19 +27,19 @@ from posttrain.rl.loops.common import (
     StepRun,
     check_finite,
     generate,
-    pad_rows,
     reference_logprobs,
     response_mask,
-    rows_of,
     score,
     update_policy,
 )
+from posttrain.rl.ragged import pad_rows, rows_of
+from posttrain.rl.roles.protocols import GivesLogProbs
 from posttrain.rl.types import PromptBatch, TrainBatch
 
 
 @dataclass(frozen=True, kw_only=True)
 class DistillRoles(PolicyGradientRoles):
-    teacher: object
+    teacher: GivesLogProbs
     """posttrain.rl.roles.teacher.TeacherGroup (log_probs)."""
 
 
@@ -56,7 +56,7 @@ class OnPolicyDistill(Loop):
         check_finite("teacher log-probs", [x for row in teacher.values for x in row], step=run.step)
         with run.phase("advantages"):
             mask = response_mask(traj.response_ids)  # (B, R)
-            reverse_kl = (pad_rows(traj.logprobs, mask) - pad_rows(teacher.values, mask)) * mask  # (B, R)
+            reverse_kl = (pad_rows(traj.logprobs, mask.shape) - pad_rows(teacher.values, mask.shape)) * mask  # (B, R)
             adv = -reverse_kl
             if cfg.distill_reward_weight:
                 task = group_advantages(torch.tensor(rewards.scores), cfg.samples_per_prompt,
@@ -68,6 +68,6 @@ class OnPolicyDistill(Loop):
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
         k = reverse_kl[mask]
         extra = {"distill/reverse_kl": float(k.mean()), "distill/reverse_kl_max": float(k.max()),
-                 "distill/teacher_logp": float(pad_rows(teacher.values, mask)[mask].mean()), **reward_metrics}
+                 "distill/teacher_logp": float(pad_rows(teacher.values, mask.shape)[mask].mean()), **reward_metrics}
         return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=extra,
                            compute_s={"teacher": teacher.compute_s})

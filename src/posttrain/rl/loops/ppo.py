@@ -36,20 +36,20 @@ from posttrain.rl.loops.common import (
     advantage_metrics,
     check_finite,
     generate,
-    pad_rows,
     reference_logprobs,
     response_mask,
-    rows_of,
     score,
     update_policy,
 )
+from posttrain.rl.ragged import pad_rows, rows_of
 from posttrain.rl.roles.critic import CriticBatch, CriticFit
+from posttrain.rl.roles.protocols import TrainsCritic
 from posttrain.rl.types import PromptBatch, TrainBatch
 
 
 @dataclass(frozen=True, kw_only=True)
 class PPORoles(PolicyGradientRoles):
-    critic: object
+    critic: TrainsCritic
     """posttrain.rl.roles.critic_group.CriticGroup (values, fit, update, save_state, load_state)."""
 
 
@@ -62,7 +62,7 @@ class PPO(Loop):
         rewards, reward_metrics = score(r.reward, traj, cfg, run, scorers=r.scorers)
         ref = reference_logprobs(r.reference, traj, cfg, run)
         mask = response_mask(traj.response_ids)  # (B, R)
-        kl = pad_rows(traj.logprobs, mask) - pad_rows(ref.values, mask) if cfg.kl_in_reward else None  # k1 (B, R)
+        kl = pad_rows(traj.logprobs, mask.shape) - pad_rows(ref.values, mask.shape) if cfg.kl_in_reward else None  # k1 (B, R)
         rewards_t = ppo.token_rewards(torch.tensor(rewards.scores, dtype=torch.float32), mask, kl=kl,
                                       kl_coef=cfg.kl_coef)  # (B, R)
         if r.critic.one_pass():  # values and the critic's update from one forward (the same numbers)
@@ -114,7 +114,7 @@ class PPO(Loop):
         if cstats is not None and not cstats.applied:
             raise NonFiniteError(f"step {run.step}: stage critic.update stopped before the optimizer step: "
                                  f"{cstats.stopped}; no checkpoint written")
-        return pad_rows(values.values, mask)
+        return pad_rows(values.values, mask.shape)
 
     @staticmethod
     def _check(adv: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, run: StepRun) -> None:

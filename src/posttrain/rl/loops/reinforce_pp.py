@@ -26,13 +26,12 @@ from posttrain.rl.loops.common import (
     advantage_metrics,
     check_finite,
     generate,
-    pad_rows,
     reference_logprobs,
     response_mask,
-    rows_of,
     score,
     update_policy,
 )
+from posttrain.rl.ragged import pad_rows, rows_of
 from posttrain.rl.types import PromptBatch, TrainBatch
 
 
@@ -51,7 +50,7 @@ class ReinforcePP(Loop):
         ref = reference_logprobs(r.reference, traj, cfg, run)
         with run.phase("advantages"):
             mask = response_mask(traj.response_ids)  # (B, R)
-            kl = (kl_penalty(pad_rows(traj.logprobs, mask), pad_rows(ref.values, mask), cfg.kl_estimator)
+            kl = (kl_penalty(pad_rows(traj.logprobs, mask.shape), pad_rows(ref.values, mask.shape), cfg.kl_estimator)
                   if ref is not None else None)
             rewards_t = token_rewards(torch.tensor(rewards.scores, dtype=torch.float32), mask, kl=kl,
                                       kl_coef=cfg.kl_coef)

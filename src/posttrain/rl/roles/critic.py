@@ -32,6 +32,7 @@ from posttrain.models.io import load_tokenizer, local_device
 from posttrain.models.lora import add_adapters
 from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.rl.algorithms import ppo
+from posttrain.rl.ragged import pad_rows
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import CriticSums, RankUpdate
@@ -216,7 +217,7 @@ class CriticWorker(SPMDWorker):
                     v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                               self.tok.pad_token_id)
                 old = v.detach()
-                ret = ppo.gae_returns(_pad(sh.token_rewards[lo:hi], v.shape).to(self.device), old, mask,
+                ret = ppo.gae_returns(pad_rows(sh.token_rewards[lo:hi], v.shape).to(self.device), old, mask,
                                       gamma=sh.gamma, lam=sh.lam)
                 loss, st = ppo.value_loss(v, old, ret, mask, clip_range=cfg.value_clip,
                                           normalizer=float(global_tokens))
@@ -247,8 +248,8 @@ class CriticWorker(SPMDWorker):
             with self._autocast():
                 v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                           self.tok.pad_token_id)
-            old = _pad(sh.old_values[lo:hi], v.shape).to(self.device)
-            ret = _pad(sh.returns[lo:hi], v.shape).to(self.device)
+            old = pad_rows(sh.old_values[lo:hi], v.shape).to(self.device)
+            ret = pad_rows(sh.returns[lo:hi], v.shape).to(self.device)
             loss, st = ppo.value_loss(v, old, ret, mask, clip_range=self.cfg.value_clip, normalizer=norm)
             (loss * self.world).backward()  # DDP averages gradients; the normalizer is global
         return st
@@ -262,10 +263,3 @@ class CriticWorker(SPMDWorker):
         return RankUpdate(loss=sums["loss"], sums=CriticSums(clip=float(sums["clip"]), values=float(sums["vmean"])),
                           tokens=int(sums["tok"]), grad_norm=grad_norm, version=self.version, checksum=self.checksum(),
                           applied=applied, stopped=stopped, compute_s=time.perf_counter() - t0)
-
-
-def _pad(rows: list[list[float]], shape) -> torch.Tensor:
-    out = torch.zeros(shape, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out

@@ -28,7 +28,7 @@ model.gradient_checkpointing recomputes activations in the update's backward pas
 Parallelism (`rl.parallelism`, the training core every trainer shares: posttrain.spmd): DDP - every rank holds
 the whole model, its gradients and its AdamW moments; one rank trains the model itself, without DDP - or FSDP2:
 each rank holds 1/N of the weights, gradients and moments and gathers one decoder layer at a time, so the model
-RL can train is no longer capped by what one device holds with its gradients and moments. Both give the same
+RL can train is not capped by what one device holds with its gradients and moments. Both give the same
 update (tests: within 1e-5). Under FSDP2 every forward is a collective: the update's micro-batches are the same in
 number on every rank (as DDP needs too), and the forwards ranks run unevenly - the reference's log-probs with
 LoRA, the mismatch-correction pass, generation with placement.rollout_workers 0 - run with the model gathered
@@ -83,6 +83,7 @@ from posttrain.models.io import (
 )
 from posttrain.models.lora import adapters_disabled, add_adapters, save_adapter
 from posttrain.rl.algorithms import grpo, mismatch, pg
+from posttrain.rl.ragged import pad_rows
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.policy_weights import PolicyWeights
 from posttrain.rl.roles.spmd import SPMDWorker
@@ -178,8 +179,8 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
             trainer_old = [self.log_probs(sh.prompt_ids, sh.response_ids, cfg.temperature)[0] for sh in shards]
             for sh, rows in zip(shards, trainer_old):
                 shape = (len(rows), max((len(r) for r in rows), default=0))
-                mask = _pad([[1.0] * len(r) for r in sh.response_ids], shape).bool()
-                self._record_mismatch(sums, _pad(rows, shape), _pad(sh.old_logprobs, shape), mask)
+                mask = pad_rows([[1.0] * len(r) for r in sh.response_ids], shape).bool()
+                self._record_mismatch(sums, pad_rows(rows, shape), pad_rows(sh.old_logprobs, shape), mask)
         for epoch in range(cfg.inner_epochs):
             for j, sh in enumerate(shards):
                 norm = grpo.normalizer(sh.loss_agg or cfg.loss_agg, tokens=g_tok[j], sequences=g_seq[j],
@@ -225,16 +226,16 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
                 logp, ent, mask = response_logprobs(self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi],
                                                     self.tok.pad_token_id, temperature=cfg.temperature,
                                                     top_p=cfg.top_p, top_k=cfg.top_k)
-            old = _pad(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
-            ref = _pad(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
+            old = pad_rows(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
+            ref = pad_rows(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
             rows = shard.advantages[lo:hi]
-            adv = (_pad(rows, logp.shape) if rows and isinstance(rows[0], list)  # (b, R) per token (PPO)
+            adv = (pad_rows(rows, logp.shape) if rows and isinstance(rows[0], list)  # (b, R) per token (PPO)
                    else torch.tensor(rows, dtype=torch.float32)).to(self.device)  # (b,) per sequence (GRPO)
             kw = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "loss_agg": shard.loss_agg or cfg.loss_agg,
                   "ref_logp": ref, "kl_coef": cfg.kl_coef, "kl_estimator": cfg.kl_estimator, "normalizer": norm}
             ratio_old = old
             if cfg.mismatch_correction != MismatchCorrection.OFF:
-                ratio_old = (_pad(trainer_old[lo:hi], logp.shape).to(self.device) if trainer_old is not None
+                ratio_old = (pad_rows(trainer_old[lo:hi], logp.shape).to(self.device) if trainer_old is not None
                              else logp.detach())
                 kw["weights"] = mismatch.mismatch_weights(ratio_old, old, mask, mode=cfg.mismatch_correction,
                                                           cap=cfg.mismatch_cap)
@@ -328,10 +329,3 @@ def _unsharded_copy(model: torch.nn.Module, full: dict[str, torch.Tensor]) -> to
     copy.load_state_dict(full, strict=False)
     copy.tie_weights()
     return copy
-
-
-def _pad(rows: list[list[float]], shape) -> torch.Tensor:
-    out = torch.zeros(shape, dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out

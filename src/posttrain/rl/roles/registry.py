@@ -1,4 +1,4 @@
-"""Every RL role, declared once: what runs it, whether it trains, where it is placed. Everything that used to name roles reads this table instead:
+"""Every RL role, declared once: what runs it, whether it trains, where it is placed. Everything that names roles reads this table:
 
     reader                                   reads
     placement.plan_placement                 role_counts(settings) (worker counts), kuberay_group
