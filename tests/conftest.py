@@ -73,7 +73,7 @@ def tiny_sft_model(request):
     src = Path(__file__).resolve().parents[1] / "src" / "posttrain"
     h = hashlib.sha256(str(TINY_SFT_STEPS).encode())
     for f in sorted(src.rglob("*.py")):
-        if f.parts[-2] in ("data", "models", "sft", "config") or f.name == "recipes.py":
+        if f.parts[-2] in ("data", "models", "sft", "spmd", "config") or f.name == "recipes.py":
             h.update(f.read_bytes())
     root = Path(request.config.cache.mkdir("tiny_sft_model")) / h.hexdigest()[:16]
     if not (root / "done.json").exists():
