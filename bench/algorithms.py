@@ -1,8 +1,8 @@
-"""Every RL algorithm on the embedded default, seeds 0-2. The README's algorithms table comes from this script.
+"""Every RL algorithm on the embedded default, seeds 0-2. The algorithms table of docs/rl.md comes from this script.
 
     .venv/bin/python bench/algorithms.py                                  # every algorithm, seeds 0 1 2
     .venv/bin/python bench/algorithms.py --seeds 0 --algorithms grpo,rloo  # a subset
-    .venv/bin/python bench/algorithms.py --write-readme                   # also rewrite the README's table
+    .venv/bin/python bench/algorithms.py --write-readme                   # also rewrite the docs' table
     .venv/bin/python bench/algorithms.py --seeds --rows-from a.json b.json --write-readme  # a table from parts
 
 For each seed s and algorithm A, it runs `make run`'s job (`pyflyte run workflows/pipeline.py pipeline`, the
@@ -167,11 +167,6 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def write_readme(block: str) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
-    readme.write_text(text[:a] + "\n" + block + "\n" + text[b:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curve-every", type=int, default=10, help="checkpoint (and evaluate) every this many steps")
     ap.add_argument("--home", default=str(Path(tempfile.gettempdir()) / "posttrain-algorithms" / "seed{seed}"),
                     help="the store of each seed ('{seed}' is replaced)")
-    ap.add_argument("--write-readme", action="store_true", help="replace the README's algorithms table")
+    ap.add_argument("--write-readme", action="store_true", help="replace the algorithms table (docs/rl.md)")
     ap.add_argument("--json", default="", help="also write the rows here")
     ap.add_argument("--rows-from", nargs="*", default=[], metavar="JSON",
                     help="rows of earlier runs (their --json files) to put in the table beside this run's: for a bench "
@@ -217,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.write_readme:
-        write_readme(block)
+        from default_seeds import write_block
+
+        print(f"wrote the table into {write_block(block, BEGIN, END)}")
     return 0
 
 

@@ -6,8 +6,8 @@
     .venv/bin/python bench/default_seeds.py --recipe tiny_cpu_ppo --block ppo_seeds --write-readme   # PPO's table
     .venv/bin/python bench/default_seeds.py --workflow rlhf_pipeline --recipe tiny_cpu_rlhf --block rlhf_seeds
 
-`--write-readme` replaces the README block between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` (`--block`,
-default `default_seeds`) with this run's table, spread, command, commit and load average (the README figures are never typed by hand).
+`--write-readme` replaces the block between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` (`--block`,
+default `default_seeds`, in README.md; the others in the docs page that holds them: `write_block`) with this run's table, spread, command, commit and load average (the README figures are never typed by hand).
 
 For each seed s it runs `make run`'s job (`pyflyte run workflows/pipeline.py pipeline`) in a subprocess with
 every seed of the run set to s - data generation and split, weight init, SFT data order, RL prompt order and
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                   cached=bool(args.home))
     print(block)
     if args.write_readme:
-        write_readme(ROOT / "README.md", block, f"<!-- {args.block}:begin -->", f"<!-- {args.block}:end -->")
-        print(f"wrote the table into {ROOT / 'README.md'}")
+        page = write_block(block, f"<!-- {args.block}:begin -->", f"<!-- {args.block}:end -->")
+        print(f"wrote the table into {page}")
     return 0
 
 
@@ -129,6 +129,18 @@ def write_readme(readme: Path, block: str, begin: str = BEGIN, end: str = END) -
         raise SystemExit(f"{readme}: needs exactly one {begin} ... {end} block to replace")
     head, rest = text.split(begin)
     readme.write_text(head + begin + "\n" + block + "\n" + end + rest.split(end, 1)[1])
+
+
+def write_block(block: str, begin: str = BEGIN, end: str = END) -> Path:
+    """Replace the block between `begin` and `end` in the one page that holds it - README.md or a page under
+    docs/ (tables live where a reader looks for them) - and return that page."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    holding = [p for p in pages if begin in p.read_text()]
+    if len(holding) != 1:
+        raise SystemExit(f"{begin}: expected in exactly one of README.md and docs/*.md, found in "
+                         f"{[str(p.relative_to(ROOT)) for p in holding] or 'none'}")
+    write_readme(holding[0], block, begin, end)
+    return holding[0]
 
 
 def _commit() -> str:

@@ -1,8 +1,8 @@
-"""The dense objectives on the embedded default over several seeds: the README's dense table comes from this script.
+"""The dense objectives on the embedded default over several seeds: the dense table of docs/results.md comes from this script.
 
     .venv/bin/python bench/dense_seeds.py                       # seeds 0 1 2, tiny_cpu, a fresh store per seed
     .venv/bin/python bench/dense_seeds.py --seeds 0 --keep      # keep the store (printed) to look at the models
-    .venv/bin/python bench/dense_seeds.py --write-readme        # also rewrite the README's table with this run
+    .venv/bin/python bench/dense_seeds.py --write-readme        # also rewrite the docs' table with this run
 
 For each seed s, in one fresh store (so the later workflows reuse the earlier ones' cached stages), with every
 seed set to s (data generation and split, weight init, data orders, sampling - `data.seed`, `model.init_seed`,
@@ -16,8 +16,8 @@ seed set to s (data generation and split, weight init, data orders, sampling - `
 4. `distill_pipeline` with `distill.teacher` = step 1's RL model: a freshly initialised student (the SFT
    model's architecture and init seed) distilled on the same sloppy demonstrations SFT imitates.
 
-It prints one row per seed and writes, with `--write-readme`, the README block between
-`<!-- dense_seeds:begin -->` and `<!-- dense_seeds:end -->` (the README figures are never typed by hand).
+It prints one row per seed and writes, with `--write-readme`, the block between
+`<!-- dense_seeds:begin -->` and `<!-- dense_seeds:end -->` in docs/results.md (the figures are never typed by hand).
 Runs one workflow at a time: timings of two concurrent runs on 2 cores would be noise.
 """
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings
-from default_seeds import _commit, write_readme
+from default_seeds import _commit, write_block
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDED = ("data", "sft", "rl", "pairs", "dpo", "reward_model", "distill")
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's overrides")
     ap.add_argument("--keep", action="store_true", help="keep each seed's store (its path is printed)")
-    ap.add_argument("--write-readme", action="store_true", help="replace the README's dense table with this run's")
+    ap.add_argument("--write-readme", action="store_true", help="replace the dense table (docs/results.md) with this run's")
     args = ap.parse_args(argv)
     extra = json.loads(args.overrides)
     rows = []
@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     block = table(rows, argv if argv is not None else sys.argv[1:], load)
     print(block)
     if args.write_readme:
-        write_readme(ROOT / "README.md", block, BEGIN, END)
-        print(f"wrote the table into {ROOT / 'README.md'}")
+        print(f"wrote the table into {write_block(block, BEGIN, END)}")
     return 0
 
 

@@ -3,7 +3,7 @@
     make real-model
     .venv/bin/python bench/real_model.py                    # seeds 0 1, recipe small_instruct_lora_cpu
     .venv/bin/python bench/real_model.py --seeds 0 --reward raw --split held_out_first
-    .venv/bin/python bench/real_model.py --write-readme     # also rewrite the README's real_model block
+    .venv/bin/python bench/real_model.py --write-readme     # also rewrite the real_model block (docs/rl.md)
     .venv/bin/python bench/real_model.py --task '{"name": "basic_arithmetic", "max_terms": 2, "max_digits": 2}'
     .venv/bin/python bench/real_model.py --seeds 1 ... --rows-from seed0.log --write-readme  # a seed per run, one table
 
@@ -50,7 +50,7 @@ reference pass, and the update skips the rows without a gradient) collapsed the 
 0.3-0.96) and was stopped after 46 steps. **Made better**: the same recipe as the 60-step runs, trained on the 2-term
 questions (`--train-task '{"name": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}'`;
 the held-out set unchanged): 0.227 -> 0.367 (+0.141) for seed 0 in 50.4 min and for seed 1 in 46.2 min, 2-term
-problems 0.418 -> 0.764 / 0.727, 3-term 0.082 -> 0.068 / 0.096 (the README's table, written by this script).
+problems 0.418 -> 0.764 / 0.727, 3-term 0.082 -> 0.068 / 0.096 (the table of docs/rl.md, written by this script).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ from decimal import Decimal
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from default_seeds import ROOT, _commit, run_pipeline, write_readme
+from default_seeds import _commit, run_pipeline, write_block
 
 RG_VERSION = "0.1.25"
 CACHE = Path(os.environ.get("POSTTRAIN_MODELS", Path.home() / ".cache/posttrain/models")).parent
@@ -224,7 +224,7 @@ def overrides(task: dict, extra: dict) -> dict:
 
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], eval_n: int, train_n: int,
           spec: dict, train_spec: dict | None = None, earlier: tuple[Earlier, ...] = ()) -> str:
-    """The README block: one row per seed (sampled accuracy only when the recipe's eval.k > 0), the change, and
+    """The docs block: one row per seed (sampled accuracy only when the recipe's eval.k > 0), the change, and
     how to reproduce it; the seeds of `earlier` runs (`--rows-from`) first, each named with its own command."""
     rows = [r for run in earlier for r in run.rows] + rows
     sampled = all(r.get("sft_sampled_accuracy", -1.0) >= 0 for r in rows)
@@ -359,8 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     block = table(rows, argv, load, args.eval, args.train, spec, train_spec, earlier)
     print(block)
     if args.write_readme:
-        write_readme(ROOT / "README.md", block, BEGIN, END)
-        print(f"wrote the table into {ROOT / 'README.md'}")
+        print(f"wrote the table into {write_block(block, BEGIN, END)}")
     return 0
 
 

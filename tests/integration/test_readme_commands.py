@@ -1,4 +1,4 @@
-"""The README's commands run as written. Every command in its ```bash blocks (and the cluster section's register
+"""The README's and the docs' commands run as written. Every command in their ```bash blocks (and the cluster section's register
 dry run) is either run here - in a fresh store that a short pipeline run through `pyflyte run` filled, its
 placeholders (ID_OR_PREFIX, MODEL, <run id>, ...) replaced by that run's real ids and `[optional]` parts
 included - or listed in NOT_RUN with the reason and the test that covers it. A README command that is in
@@ -62,8 +62,9 @@ REGISTER = ".venv/bin/pyflyte register --image localhost/posttrain:readme workfl
 
 
 def readme_commands() -> list[str]:
-    """Every command of the README's bash blocks: comments dropped, quoted lines joined, `a && b` split."""
-    text = (ROOT / "README.md").read_text()
+    """Every command of the bash blocks of README.md and the docs pages: comments dropped, quoted lines joined,
+    `a && b` split."""
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     out = []
     for block in re.findall(r"^```bash\n(.*?)^```", text, re.DOTALL | re.MULTILINE):
         pending = ""

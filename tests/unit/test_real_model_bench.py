@@ -104,3 +104,22 @@ def test_task_specs_are_checked_before_anything_runs(real_model, text, match):
 def test_drop_removes_flags_and_options_with_their_values(real_model):
     assert real_model._drop(["--seeds", "0", "1", "--keep", "/k", "--split", "x", "--write-readme"],
                             {"--write-readme"}, {"--seeds", "--keep"}) == ["--split", "x"]
+
+
+def test_a_table_is_written_into_the_one_page_that_holds_its_block(real_model, tmp_path, monkeypatch):
+    """bench's `--write-readme`: the block is replaced where it lives (README.md or docs/*.md), the rest of the page
+    kept; a block in no page or in two is refused before anything is written."""
+    seeds = sys.modules["default_seeds"]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# x\n")
+    page = tmp_path / "docs" / "results.md"
+    page.write_text("head\n<!-- t:begin -->\nold\n<!-- t:end -->\ntail\n")
+    monkeypatch.setattr(seeds, "ROOT", tmp_path)
+    assert seeds.write_block("new row", "<!-- t:begin -->", "<!-- t:end -->") == page
+    assert page.read_text() == "head\n<!-- t:begin -->\nnew row\n<!-- t:end -->\ntail\n"
+    with pytest.raises(SystemExit, match="found in none"):
+        seeds.write_block("x", "<!-- u:begin -->", "<!-- u:end -->")
+    (tmp_path / "README.md").write_text("<!-- t:begin -->\n<!-- t:end -->\n")
+    with pytest.raises(SystemExit, match="README.md"):
+        seeds.write_block("x", "<!-- t:begin -->", "<!-- t:end -->")
+    assert "new row" in page.read_text()  # nothing written on a refusal
