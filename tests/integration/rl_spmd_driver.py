@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from posttrain.config import KLEstimator, LoraConfig, MismatchCorrection, ModelConfig, Parallelism, RLConfig
 from posttrain.rl.roles.critic import CriticBatch, CriticWorker
@@ -26,7 +27,6 @@ from posttrain.rl.roles.critic_group import CriticGroup
 from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.policy_group import PolicyGroup
 from posttrain.rl.types import TrainBatch
-from posttrain.spmd import parallel
 from posttrain.spmd.dist import init_distributed
 
 
@@ -54,7 +54,7 @@ def main() -> None:
     worker = (PolicyWorker if role == "policy" else CriticWorker)(model_dir, cfg, rank, world, model_cfg)
     init_distributed()  # torchrun's group; the worker's own set-up then only wraps the model and builds the optimizer
     worker.setup_process_group(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), 120, "gloo")
-    init = parallel.full_state(worker.model, keep=rank == 0)  # every tensor as it starts (LoRA: unmerged)
+    init = full_weights(worker.model)  # every tensor as it starts (LoRA: unmerged)
     b = batch(worker.tok.vocab_size)
     ids = [None] * world  # the groups' sharding code only counts the workers
     record: dict = {"stats": []}
@@ -81,8 +81,8 @@ def main() -> None:
             per_mb = [group._shard(cb, r) for r in group_rows(b, step)]
             u = worker.update([mb[0][rank] for mb in per_mb], [mb[1] for mb in per_mb], [mb[2] for mb in per_mb])
             record["stats"].append([u.loss, u.grad_norm, u.tokens])
-        weights = parallel.full_state(worker.model, keep=rank == 0)
-    trained = parallel.full_state(worker.model, keep=rank == 0)
+        weights = full_weights(worker.model)
+    trained = full_weights(worker.model)
     record["checksum"] = worker.checksum()
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     if rank == 0:
@@ -91,6 +91,13 @@ def main() -> None:
         (out / "moved.json").write_text(json.dumps(moved))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def full_weights(model) -> dict:
+    """The whole model gathered on rank 0 (torch's full state dict, as the trainers save it), copied so later
+    steps do not change it (on CPU an unsharded model's tensors come back as the live parameters); {} elsewhere."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().clone() for k, v in state.items()}
 
 
 def group_rows(b: TrainBatch, step: int) -> list[list[int]]:

@@ -142,12 +142,3 @@ def local_forwards(model: torch.nn.Module) -> Iterator[None]:
             m.reshard()
             m.set_reshard_after_forward(m is not model, recurse=False)
 
-
-def full_state(model: torch.nn.Module, *, keep: bool) -> dict[str, torch.Tensor] | None:
-    """The whole state dict as CPU tensors where `keep` (rank 0), None elsewhere. Every rank calls it at once:
-    under FSDP2 each tensor is gathered on every rank in turn (the ranks that do not keep it drop it at once)."""
-    out: dict[str, torch.Tensor] | None = {} if keep else None
-    for name, t in FullWeights(model).items():
-        if out is not None:
-            out[name] = t.detach().to("cpu", copy=True)
-    return out

@@ -32,8 +32,8 @@ RL can train is not capped by what one device holds with its gradients and momen
 update (tests: within 1e-5). Under FSDP2 every forward is a collective: the update's micro-batches are the same in
 number on every rank (as DDP needs too), and the forwards ranks run unevenly - the reference's log-probs with
 LoRA, the mismatch-correction pass, generation with placement.rollout_workers 0 - run with the model gathered
-once (`parallel.local_forwards`); a weight sync, checksum or saved model gathers one tensor at a time on every
-rank (`parallel.FullWeights`), rank 0 answering.
+once (`parallel.local_forwards`); a weight sync or checksum gathers one tensor at a time on every rank
+(`parallel.FullWeights`), a saved model the full state dict onto rank 0 (as SFT's), rank 0 answering.
 
 Memory: after every update the rank hands malloc's free pages back to the OS
 (`return_free_memory`): it then rests at 1.86 GiB while the rollout generates instead of 2.3-2.7. It does
@@ -67,6 +67,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from posttrain.artifacts import ArtifactStore
@@ -302,9 +303,10 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
 
     def save_model(self, put: ModelPut) -> str | None:
         """Rank 0: the HF checkpoint of the current weights, stored as a `model` artifact (see PolicyGroup). Every
-        rank calls it: under FSDP2 the weights are gathered, one tensor at a time, on every rank."""
+        rank calls it: under FSDP2 every rank takes part in gathering the full state dict onto rank 0 (CPU)."""
         sharded = parallel.is_sharded(self.model)
-        full = parallel.full_state(self.model, keep=self.rank == 0) if sharded else None
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+                                    ) if sharded else None  # as sft.trainer.save_final: rank 0 holds it
         if self.rank != 0:
             return None
         with tempfile.TemporaryDirectory(prefix="posttrain-rl-checkpoint-") as tmp:

@@ -98,12 +98,11 @@ class PolicyWeights:
         (under FSDP2 every rank gathers them with it)."""
         if self._idle():
             return None
-        keep = not self._helps_only()
-        out = {}
-        for k, v in self._rollout_weights().items():
-            if keep:
-                out[k] = v.detach().to("cpu", self.sync_dtype, copy=True)
-        return out if keep else None
+        named = self._rollout_weights()
+        if self._helps_only():
+            _read_along(named, list(named))
+            return None
+        return {k: v.detach().to("cpu", self.sync_dtype, copy=True) for k, v in named.items()}
 
     def choose_shared_folder(self, preferred: str) -> tuple[str | None, str]:
         """Where this node has room for the weight file (`weight_transfer.choose_folder`): (folder or None for
@@ -128,11 +127,17 @@ class PolicyWeights:
             return None
         if self._helps_only():
             named = self._rollout_weights()
-            for name in weight_transfer.write_order(named):
-                named[name]
+            _read_along(named, weight_transfer.write_order(named))
             return None
         return weight_transfer.write(self._rollout_weights(), folder, version=self.version, node=self.id.node,
                                      dtype=self.sync_dtype)
+
+
+def _read_along(named: Mapping[str, torch.Tensor], names: list[str]) -> None:
+    """Read `names` of `named` in order and drop each at once: a rank that only helps gather an FSDP2 model's
+    tensors while rank 0 reads the same names in the same order."""
+    for name in names:
+        named[name]
 
 
 class _Cast(Mapping):
