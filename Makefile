@@ -44,7 +44,7 @@ test: install
 	$(MAKE) test-vllm
 
 lint: install
-	$(BIN)/ruff check src tasks workflows images tests bench
+	$(BIN)/ruff check src tasks workflows images rehearsal tests bench
 
 bench: install
 	$(BIN)/python bench/sft.py

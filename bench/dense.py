@@ -9,7 +9,7 @@
    under torch.distributed.run), in the bench store that bench/rl_vs_trl.py uses (~/.cache/posttrain/bench/rl-trl/
    store, or $POSTTRAIN_BENCH_CACHE/store), so the two benchmarks share one cached SFT model. The recipe's 2 ranks
    rather than 1: the model is then the default pipeline's own, and ranks change only float rounding.
-2. Pairs: preference_stages.pairs(PairsConfig(samples_per_prompt=4, max_new_tokens=8), RewardConfig()) - the SFT
+2. Pairs: stages.pairs(PairsConfig(samples_per_prompt=4, max_new_tokens=8), RewardConfig()) - the SFT
    model's own
    4 samples of every train prompt (~9,900), scored by the built-in verifier; a prompt with a right and a wrong
    sample gives one pair (~4,900). --quick: the first 1,000 prompts (~500 pairs). Cached by the stage.
@@ -75,11 +75,11 @@ def load() -> list[float]:
 
 
 def pairs_dataset(sft_ref, ds_ref, store, quick: bool):
-    from posttrain import preference_stages
+    from posttrain import stages
     from posttrain.config import PairsConfig, RewardConfig
 
     cfg = PairsConfig(samples_per_prompt=4, max_new_tokens=8, max_prompts=1000 if quick else 0)
-    return preference_stages.pairs(cfg, RewardConfig(), model=sft_ref, dataset=ds_ref, run_id=RUN_ID, store=store)
+    return stages.pairs(cfg, RewardConfig(), model=sft_ref, dataset=ds_ref, run_id=RUN_ID, store=store)
 
 
 def step_order(n: int, cfg) -> list[list[int]]:

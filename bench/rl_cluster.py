@@ -4,7 +4,7 @@
 2. The tiny_cpu recipe's RL (its batch, lr, placement - COLOCATED, 2 policy ranks) from that model, `steps` steps,
    alternately (never concurrently) on
    - local Ray: one node with a logical CPU per core, as `pyflyte run` gives it (run_rl's own ray.init);
-   - the rehearsal: one local Ray node per pod of the RL task's RayJob (tasks/rayjob_shape.local_cluster: a
+   - the rehearsal: one local Ray node per pod of the RL task's RayJob (rehearsal/rayjob_shape.py::local_cluster: a
      1-CPU head, the `rollout` pod, two `train` pods) - the per-pod placement plan, weights through Ray's
      object store from a train pod to the rollout pod;
    `reps` pairs, each run in its own subprocess (a Ray cluster on the machine captures every bare ray.init()).
@@ -38,7 +38,7 @@ def child(where: str, steps: int) -> dict:
     store = ArtifactStore(rl_vs_trl.cache_dir() / "store")
     model_ref, ds_ref = rl_vs_trl.start_checkpoint(recipe, store)
     if where == "cluster":
-        from tasks.rayjob_shape import local_cluster
+        from rehearsal.rayjob_shape import local_cluster
         from tasks.rl import ray_config
 
         ctx = local_cluster(ray_config)

@@ -34,7 +34,7 @@ shows unless it has the file mapped (a rollout worker reading it does), so the s
 size that no process maps (size - the PSS of every mapping of them) as a row of its own. Counted once either way."""
 
 ROLES = (("PolicyWorker", "policy"), ("RolloutWorker", "rollout"), ("ReferenceWorker", "reference"),
-         ("RewardWorker", "reward"), ("ControllerActor", "controller"), ("reward_process", "reward function"),
+         ("RewardWorker", "reward"), ("ControllerActor", "controller"), ("posttrain.rewards.sandbox", "reward function"),
          ("ray::IDLE", "idle Ray workers"))
 
 

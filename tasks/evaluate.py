@@ -39,11 +39,11 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, tracking: TrackingConfig, mo
 @task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"), enable_deck=True)
 def evaluate_reward_model(reward_model: ArtifactRef, pairs: ArtifactRef, run_id: str) -> ArtifactRef:
     """Pairwise accuracy and score distributions of the reward model on the held-out pairs -> `eval` artifact."""
-    from posttrain import preference_stages
+    from posttrain import stages
     from posttrain.artifacts import ArtifactStore
     from posttrain.report import render_page
 
     with stage_errors("evaluate_reward_model"):
-        ref = preference_stages.evaluate_reward_model(reward_model=reward_model, pairs=pairs, run_id=run_id)
+        ref = stages.evaluate_reward_model(reward_model=reward_model, pairs=pairs, run_id=run_id)
     Deck("eval", render_page(ArtifactStore(ref.store), ref.id, standalone=False))
     return ref

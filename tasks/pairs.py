@@ -1,4 +1,4 @@
-"""Preference pairs from a model's own samples (posttrain.pairs): k completions per prompt, scored by the reward
+"""Preference pairs from a model's own samples (posttrain.eval.pairs): k completions per prompt, scored by the reward
 function, one correct and one wrong kept per prompt -> a preference `dataset` artifact (parents: model, prompts)."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from tasks.errors import stage_errors
 def make_pairs(cfg: PairsConfig, reward: RewardConfig, model: ArtifactRef, dataset: ArtifactRef,
                run_id: str) -> ArtifactRef:
     """Deck: the pairs dataset's page."""
-    from posttrain import preference_stages
+    from posttrain import stages
     from posttrain.artifacts import ArtifactStore
     from posttrain.report import render_page
 
     with stage_errors("pairs"):
-        ref = preference_stages.pairs(cfg, reward, model=model, dataset=dataset, run_id=run_id)
+        ref = stages.pairs(cfg, reward, model=model, dataset=dataset, run_id=run_id)
     Deck("pairs", render_page(ArtifactStore(ref.store), ref.id, standalone=False))
     return ref
 

@@ -49,8 +49,8 @@ the SFT model's samples; false for preference data (data.schema 'preference'), w
 def plan(recipe: str, overrides: str, run_id: str, workflow: str = "pipeline") -> Plan:
     """`workflow`: the calling workflow's name; the dense sections it uses (dpo, pairs, ...) are validated, the
     others not (posttrain.recipes.WORKFLOW_SECTIONS)."""
+    from posttrain.artifacts.run_ids import new_run_id
     from posttrain.recipes import resolve_with_notes
-    from posttrain.runtime import new_run_id
 
     try:
         cfg, notes = resolve_with_notes(recipe, overrides, workflow=workflow)

@@ -1,5 +1,5 @@
 """The eval gate of scheduled retraining: the candidate and the channel's current holder, evaluated on the
-channel's pinned eval set with the run's eval settings, then promoted or refused (posttrain.gating)."""
+channel's pinned eval set with the run's eval settings, then promoted or refused (posttrain.stages.gate)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Promotion:
 def retrain_run_id(kickoff_time: Optional[datetime.datetime]) -> str:
     """The run id of a retrain: `nightly-<kickoff time, UTC>` when a schedule started it (every artifact
     of the run records it), else a fresh id."""
-    from posttrain.runtime import new_run_id
+    from posttrain.artifacts.run_ids import new_run_id
 
     if kickoff_time is None:
         return new_run_id()
@@ -44,8 +44,8 @@ def promote(channel: str, model: ArtifactRef, dataset: ArtifactRef, eval: EvalCo
     """`dataset` (the run's) becomes the channel's pinned eval set only at its first decision. Deck: the
     decision - verdict, reason, both models' accuracies per set against the bar."""
     from posttrain.artifacts import ArtifactStore
-    from posttrain.gating import judge
     from posttrain.report import render_page
+    from posttrain.stages.gate import judge
 
     store = ArtifactStore()
     with stage_errors("promote"):

@@ -80,7 +80,7 @@ def summarize(run_id: str, dataset: ArtifactRef, sft_model: ArtifactRef, sft_eva
 
 def _wandb_lines(store_root: str, run_id: str) -> list[str]:
     """Where this run's offline wandb runs are and how to upload them (nothing when tracking.wandb is off)."""
-    from posttrain.wandb_run import offline_runs
+    from posttrain.tracking.wandb_run import offline_runs
 
     runs = offline_runs(store_root, run_id)
     if not runs:

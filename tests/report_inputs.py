@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from posttrain import preference_stages, stages
+from posttrain import stages
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import (
     DataConfig,
@@ -137,13 +137,13 @@ def build_dense(store: ArtifactStore) -> dict[str, str]:
         d = stages.data_prep(data, require_completions=True, run_id="dense", store=store)
         common = dict(tokenizer=d.tokenizer, run_id="dense", store=store)
         sft = stages.train(TINY, SFTConfig(**_STEPS, lr=1e-2), track, dataset=d.dataset, **common)
-        pairs = preference_stages.pairs(PairsConfig(samples_per_prompt=4, max_prompts=24, eval_prompts=12, max_new_tokens=4,
+        pairs = stages.pairs(PairsConfig(samples_per_prompt=4, max_prompts=24, eval_prompts=12, max_new_tokens=4,
                                          batch_size=64), RewardConfig(fn="tests.report_inputs:even_length"),
                              model=sft, dataset=d.dataset, run_id="dense", store=store)
         dpo = stages.train(TINY, DPOConfig(**_STEPS, lr=1e-3), track, dataset=pairs, start=sft, **common)
         rm = stages.train(TINY, RewardModelConfig(**_STEPS, lr=1e-3), track, dataset=pairs, start=sft, **common)
         kd = stages.train(TINY, DistillConfig(**_STEPS, lr=1e-3, teacher=sft.id), track, dataset=d.dataset, **common)
-    ev = preference_stages.evaluate_reward_model(reward_model=rm, pairs=pairs, run_id="dense", store=store)
+    ev = stages.evaluate_reward_model(reward_model=rm, pairs=pairs, run_id="dense", store=store)
     return {"dense_sft": sft.id, "pairs": pairs.id, "dpo": dpo.id, "reward_model": rm.id, "distill": kd.id,
             "eval_pairs": ev.id}
 

@@ -22,7 +22,7 @@ from posttrain.config import PlacementMode, TrackingConfig
 from posttrain.recipes import tiny_cpu
 from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.rollout import RolloutWorker
-from tasks.rayjob_shape import add_node
+from rehearsal.rayjob_shape import add_node
 
 pytestmark = pytest.mark.cluster
 
@@ -35,7 +35,7 @@ CFG = replace(RECIPE.rl, steps=4, checkpoint_every=2, remote_timeout_s=120)
 def rayjob():
     """{"ray", "cluster", "pods": pod name -> (Pod, Ray node)}: the RL task's RayJob as local Ray nodes."""
     ray = pytest.importorskip("ray")
-    from tasks.rayjob_shape import local_cluster
+    from rehearsal.rayjob_shape import local_cluster
     from tasks.rl import ray_config
 
     assert not ray.is_initialized(), "the rehearsal needs its own pytest process (pytest -m cluster)"

@@ -12,7 +12,7 @@ from tests import stage_script
 
 PAIRS = r"""
 import json, sys
-from posttrain import preference_stages, stages
+from posttrain import stages
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import PairsConfig, RewardConfig
 from posttrain.data.examples import read_examples
@@ -22,8 +22,8 @@ model = stages.start_model(__import__("posttrain.config", fromlist=["ModelConfig
                            run_id="t", store=store)
 ds = store.put("dataset", "addition", sys.argv[3], run_id="t", parents=[], config={})
 cfg = PairsConfig(max_prompts=300, eval_prompts=60, max_new_tokens=8)
-ref = preference_stages.pairs(cfg, RewardConfig(), model=model, dataset=ds, run_id="t", store=store)
-again = preference_stages.pairs(cfg, RewardConfig(), model=model, dataset=ds, run_id="t", store=store)
+ref = stages.pairs(cfg, RewardConfig(), model=model, dataset=ds, run_id="t", store=store)
+again = stages.pairs(cfg, RewardConfig(), model=model, dataset=ds, run_id="t", store=store)
 rows = read_examples(store.get(ref), "train")
 m = store.manifest(ref.id)
 print("RESULT" + json.dumps({"same": again.id == ref.id, "parents": m.parents, "model": model.id, "dataset": ds.id,
@@ -93,7 +93,7 @@ def test_the_frozen_model_is_resolved_and_checked_before_any_work(tmp_path, tiny
 
 LEARN = r"""
 import json, sys
-from posttrain import preference_stages, stages
+from posttrain import stages
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import (DPOConfig, EvalConfig, ModelConfig, PairsConfig, RewardConfig, RewardModelConfig,
                               TrackingConfig)
@@ -101,7 +101,7 @@ home, model_dir, ds_dir, mode = sys.argv[1:5]
 store = ArtifactStore(home)
 ds = store.put("dataset", "addition", ds_dir, run_id="t", parents=[], config={})
 start = stages.start_model(ModelConfig(base_path=model_dir), run_id="t", store=store)
-pairs = preference_stages.pairs(PairsConfig(max_prompts=1500, eval_prompts=200, max_new_tokens=8), RewardConfig(), model=start,
+pairs = stages.pairs(PairsConfig(max_prompts=1500, eval_prompts=200, max_new_tokens=8), RewardConfig(), model=start,
                      dataset=ds, run_id="t", store=store)
 tr = TrackingConfig(wandb=False)
 ev = EvalConfig(num_problems=200, k=0, max_new_tokens=8)
@@ -114,7 +114,7 @@ after = stages.evaluate(ev, RewardConfig(), model=dpo, dataset=ds, run_id="t", s
 rm = stages.train(ModelConfig(max_seq_len=32), RewardModelConfig(nproc=1, steps=30, global_batch_size=32,
                   micro_batch_size=32, warmup_steps=3), tr, dataset=pairs, tokenizer=None, run_id="t", start=start,
                   store=store)
-acc = store.manifest(preference_stages.evaluate_reward_model(reward_model=rm, pairs=pairs, run_id="t", store=store).id).metrics
+acc = store.manifest(stages.evaluate_reward_model(reward_model=rm, pairs=pairs, run_id="t", store=store).id).metrics
 print("RESULT" + json.dumps({"before": before, "after": after, "pairwise": acc["pairwise_accuracy"],
       "n_pairs": acc["num_pairs"], "train_pairs": store.manifest(pairs.id).metrics["num_train"]}))
 """

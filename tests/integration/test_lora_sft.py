@@ -116,7 +116,7 @@ def test_lora_dpo_reference_is_the_base_with_adapters_off(tmp_path, data):
 
 
 def test_lora_reward_model_trains_its_head_and_merges(tmp_path, data):
-    from posttrain.model_folders import write_merged
+    from posttrain.models.folders import write_merged
     from posttrain.models.lora import read_adapter
 
     script = tmp_path / "run.py"

@@ -1,5 +1,5 @@
 """The cluster tasks' specs as the operators read them: the RL task's RayJob and the multi-node SFT task's PyTorchJob,
-built from the serialized task templates as Flyte's backend plugins build them (tasks/k8s_resources.py), validate
+built from the serialized task templates as Flyte's backend plugins build them (rehearsal/k8s_resources.py), validate
 against the `v1` schema of the CRDs that KubeRay and the Kubeflow training operator install (tests/data/crds/, with
 their versions in its README). Fields the schema does not know fail too, as with the API server's strict field
 validation (without it, the server would drop them silently). Broken resources are rejected, so the check bites."""
@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tasks.k8s_resources import pytorchjob_resource, rayjob_resource
+from rehearsal.k8s_resources import pytorchjob_resource, rayjob_resource
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "tests" / "data" / "crds"

@@ -60,7 +60,7 @@ def test_full_pipeline_and_lineage(tmp_path, monkeypatch, capfd):
     assert f"wandb:      4 offline runs (one per stage, group e2e) in {folder}" in capfd.readouterr().out
 
     # The console command shows the chain RL model -> SFT model -> dataset and tokenizer.
-    out = subprocess.run([sys.executable, "-m", "posttrain.artifacts.cli", "--home", str(tmp_path / "home"),
+    out = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(tmp_path / "home"),
                           "lineage", s.rl_model_id[:12]], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     for ident in (s.rl_model_id, s.sft_model_id, s.dataset_id, tok[0]):

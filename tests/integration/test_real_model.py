@@ -116,7 +116,7 @@ def test_posttrain_eval_of_the_folder_with_a_user_reward(tmp_path, smollm2_dir):
     import subprocess
     import sys
 
-    pytest.importorskip("posttrain.cli", reason="`posttrain eval` (posttrain/cli.py) is not in this checkout")
+    pytest.importorskip("posttrain.cli", reason="`posttrain eval` (posttrain/cli/main.py) is not in this checkout")
 
     def rows(problems):
         return "".join(json.dumps({"prompt": f"{q} Answer with just the number.", "answer": a}) + "\n"

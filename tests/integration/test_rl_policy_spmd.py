@@ -17,7 +17,8 @@ import torch
 from posttrain.config import KLEstimator, LossAgg, RewardConfig, RLConfig
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages, read_examples
-from posttrain.models.generate import forward_response_logits, sequence_logprobs, token_logprobs
+from posttrain.models.generate import forward_response_logits, token_logprobs
+from posttrain.models.head_logprobs import sequence_logprobs
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.algorithms import grpo
 from posttrain.rl.controller import Controller

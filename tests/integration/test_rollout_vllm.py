@@ -93,7 +93,7 @@ def test_greedy_matches_transformers(engines):
 
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 0.8, 20)])
 def test_sampled_logprobs_match_the_policy(engines, temperature, top_p, top_k):
-    from posttrain.models.generate import sequence_logprobs
+    from posttrain.models.head_logprobs import sequence_logprobs
 
     hf, vl = engines
     prompts = _prompts(hf.tokenizer)
@@ -125,7 +125,7 @@ def test_weight_push_changes_outputs_like_the_policy(engines, tmp_path):
     """Push new weights into the live engine (through the shared-memory file, lazily, as an RL run does):
     its greedy ids and log-probs follow the transformers engine given the same weights; its checksum is
     that of the new weights; pushing the original back restores the original outputs."""
-    from posttrain.models.generate import sequence_logprobs
+    from posttrain.models.head_logprobs import sequence_logprobs
     from posttrain.rl import weight_transfer
 
     hf, vl = engines

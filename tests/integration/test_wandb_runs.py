@@ -121,7 +121,7 @@ def test_with_a_remote_store_root_the_offline_run_is_uploaded_under_it(tmp_path,
 
     from posttrain.artifacts import ArtifactStore
     from posttrain.config import TrackingConfig
-    from posttrain.wandb_run import WandbRun, offline_runs
+    from posttrain.tracking.wandb_run import WandbRun, offline_runs
 
     monkeypatch.setenv("HOME", str(tmp_path / "pod"))  # the local cache folder is this "pod's"
     store = ArtifactStore(f"{s3_root}/home")

@@ -26,7 +26,7 @@ def _store_with_big_listing(home: Path, tmp: Path) -> str:
 
 
 @pytest.mark.parametrize("command", [["artifacts", "list", "--json"], ["lineage", "ID", "--json"]])
-@pytest.mark.parametrize("entry", [[POSTTRAIN], [sys.executable, "-m", "posttrain.artifacts.cli"]])
+@pytest.mark.parametrize("entry", [[POSTTRAIN], [sys.executable, "-m", "posttrain.cli.store"]])
 def test_output_into_a_pipe_closed_early_ends_without_a_traceback(tmp_path, entry, command):
     """`posttrain ... | head -c 10`: the reader takes 10 bytes and goes away while the command still writes."""
     home = tmp_path / "home"

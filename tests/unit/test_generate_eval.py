@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from posttrain.models.generate import generate, sequence_logprobs
+from posttrain.models.generate import generate
+from posttrain.models.head_logprobs import sequence_logprobs
 
 
 @pytest.fixture(scope="module")

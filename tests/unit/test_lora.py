@@ -1,4 +1,4 @@
-"""LoRA adapters (posttrain.models.lora, model_folders): only adapters train, the disabled adapters give the base,
+"""LoRA adapters (posttrain.models.lora, models.folders): only adapters train, the disabled adapters give the base,
 the merge equals the adapted forward, the stored adapter is peft's layout (peft loads it to the same logits), and
 the merged folder of an adapter artifact is the base plus the adapter."""
 
@@ -130,7 +130,7 @@ def test_merge_refuses_a_lora_tensor_it_cannot_place():
 
 def test_an_adapter_artifact_names_its_base_and_opens_as_the_merged_model(base_dir, tmp_path):
     from posttrain.artifacts import ArtifactStore
-    from posttrain.model_folders import model_folder
+    from posttrain.models.folders import model_folder
 
     store = ArtifactStore(tmp_path / "store")
     base_ref = store.put("model", "base", base_dir, run_id="r", parents=[], config={})
@@ -157,8 +157,8 @@ def test_an_adapter_model_is_judged_promoted_and_held_by_a_channel(base_dir, tmp
     from posttrain import promotion
     from posttrain.artifacts import ArtifactStore
     from posttrain.config import EvalConfig, RewardConfig
-    from posttrain.gating import judge
-    from posttrain.model_refs import model_ref
+    from posttrain.models.refs import model_ref
+    from posttrain.stages.gate import judge
 
     store = ArtifactStore(tmp_path / "store")
     base_ref = store.put("model", "base", base_dir, run_id="r", parents=[], config={})

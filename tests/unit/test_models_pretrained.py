@@ -16,7 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from posttrain.config import DType, ModelConfig
 from posttrain.data.chat import tokenize_for_training
-from posttrain.models.generate import forward_response_logits, generate, sampling_logprobs, sequence_logprobs
+from posttrain.models.generate import forward_response_logits, generate, sampling_logprobs
+from posttrain.models.head_logprobs import sequence_logprobs
 from posttrain.models.io import compute_dtype, eos_token_ids, load_model, load_tokenizer
 from posttrain.models.tiny import build_model
 from posttrain.rl.weight_sync import weights_checksum

@@ -10,7 +10,7 @@ import pytest
 
 from posttrain.config import PlacementConfig, PlacementMode
 from posttrain.rl import placement as pl
-from tasks.rayjob_shape import cpu_quantity, memory_quantity, pods
+from rehearsal.rayjob_shape import cpu_quantity, memory_quantity, pods
 
 
 def _rayjob_nodes():

@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from posttrain.config import TrackingConfig
-from posttrain.progress import Progress, duration
+from posttrain.tracking.progress import Progress, duration
 
 
 class Clock:

@@ -107,7 +107,7 @@ def test_the_reference_is_the_start_model_with_no_reference_workers(run, world_o
 
 def test_the_checkpoint_is_an_adapter_of_the_start_model_and_the_state_only_adapters(run, tmp_path, world_of_one):
     from posttrain.artifacts import ArtifactStore
-    from posttrain.model_folders import model_folder
+    from posttrain.models.folders import model_folder
     from posttrain.models.io import load_model
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.types import ModelPut

@@ -36,14 +36,14 @@ def test_tampering_is_detected_by_get_and_by_the_cli(tmp_path):
     store = ArtifactStore(tmp_path / "home")
     ref = store.put("model", "m", _folder(tmp_path, "m", {"model.safetensors": "weights", "config.json": "{}"}),
                     run_id="r", parents=[], config={})
-    ok = subprocess.run([sys.executable, "-m", "posttrain.artifacts.cli", "--home", str(tmp_path / "home"), "verify",
+    ok = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(tmp_path / "home"), "verify",
                          ref.id[:10]], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "ok" in ok.stdout
     f = store.get(ref) / "model.safetensors"
     f.write_bytes(b"Weights")  # one byte changed
     with pytest.raises(ArtifactIntegrityError, match="model.safetensors"):
         store.get(ref)
-    bad = subprocess.run([sys.executable, "-m", "posttrain.artifacts.cli", "--home", str(tmp_path / "home"), "verify",
+    bad = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(tmp_path / "home"), "verify",
                           ref.id[:10]], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "model.safetensors" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -68,11 +68,11 @@ def test_lineage_links_the_right_ids_and_index_rebuilds_from_manifests(tmp_path)
     assert ([m.id for m in fresh.list()], [m.id for m in fresh.list(run_id="run-2")],
             [m.id for m in fresh.list(kind="model")]) == before
     assert fresh.rebuild_index() == 4
-    out = subprocess.run([sys.executable, "-m", "posttrain.artifacts.cli", "--home", str(home), "lineage", ev.id[:8]],
+    out = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(home), "lineage", ev.id[:8]],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and all(i.id[:12] in out.stdout for i in (ev, model, ds, tok))
     assert "sft.steps=5" in out.stdout and "greedy_accuracy=0.5" in out.stdout
-    js = subprocess.run([sys.executable, "-m", "posttrain.artifacts.cli", "--home", str(home), "artifacts", "list",
+    js = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(home), "artifacts", "list",
                          "--run", "run-1", "--json"], capture_output=True, text=True, timeout=60)
     import json
 

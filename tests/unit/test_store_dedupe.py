@@ -67,7 +67,7 @@ def test_verify_and_tamper_detection_still_hold_for_linked_files(tmp_path):
     for ref in (a, b):  # the copy is shared, so both artifacts report it
         with pytest.raises(ArtifactIntegrityError, match="model.safetensors"):
             store.get(ref)
-    bad = subprocess.run([sys.executable, "-m", "posttrain.artifacts.cli", "--home", str(home), "verify", b.id[:12]],
+    bad = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(home), "verify", b.id[:12]],
                          capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode != 0 and "model.safetensors" in bad.stderr
     # A later artifact with the original weights gets a good copy, never the edited inode.

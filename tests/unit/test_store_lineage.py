@@ -148,7 +148,7 @@ def test_a_broken_index_rebuilds_itself_from_the_manifests(tmp_path, spoil, caps
     assert fresh.rebuild_index() == 3
     # the CLI shows them, with no traceback
     spoil(home / "index.sqlite")
-    from posttrain.artifacts import cli
+    from posttrain.cli import store as cli
 
     capsys.readouterr()
     assert cli.main(["--home", str(home), "artifacts", "list", "--json"]) == 0
@@ -157,7 +157,7 @@ def test_a_broken_index_rebuilds_itself_from_the_manifests(tmp_path, spoil, caps
 
 def test_index_rebuild_command_fixes_a_stale_index(tmp_path, capsys):
     """A stale index that is a valid one (rows missing) is not detected automatically; `index rebuild` fixes it."""
-    from posttrain.artifacts import cli
+    from posttrain.cli import store as cli
 
     home = tmp_path / "home"
     store = ArtifactStore(home)

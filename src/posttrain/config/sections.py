@@ -154,7 +154,7 @@ class TrackingConfig:
     log_every: int = 0
     """Also print a console line every this many steps (0: paced by time alone; a progress bar shows every
     step when interactive)."""
-    progress_every_s: float = 30.0  # = posttrain.progress.PROGRESS_EVERY_S
+    progress_every_s: float = 30.0  # = posttrain.tracking.progress.PROGRESS_EVERY_S
     """Without a terminal, SFT, RL and eval print a progress line (step, rate, ETA, key metrics) at least this
     often while they make progress - and, unless log_every asks for more, no more often."""
 

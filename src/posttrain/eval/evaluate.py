@@ -29,8 +29,8 @@ from posttrain.data.examples import prompt_messages, read_examples
 from posttrain.eval.report import EvalReport
 from posttrain.models.generate import generate
 from posttrain.models.io import eos_token_ids, load_model, load_tokenizer
-from posttrain.progress import Progress
 from posttrain.rewards import RewardSample, RewardScorer
+from posttrain.tracking.progress import Progress
 
 FAILURE_EXAMPLES = 5
 """Distinct failure reasons kept in the report."""
@@ -87,7 +87,7 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
 
 
 def _progress(what: str) -> Callable[[int, int], None]:
-    """Prints `eval greedy: 256/500 (51%), 40.1 sample/s, ETA 6s` at the pace of posttrain.progress (the
+    """Prints `eval greedy: 256/500 (51%), 40.1 sample/s, ETA 6s` at the pace of posttrain.tracking.progress (the
     default PROGRESS_EVERY_S: eval has no tracking config)."""
     state: dict = {}
 

@@ -231,20 +231,3 @@ def _takes_logits_to_keep(model) -> bool:
 def _forward_takes_logits_to_keep(cls: type) -> bool:
     """Read once per model class: this runs on every micro-batch and every generation batch."""
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
-
-
-@torch.no_grad()
-def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], *, temperature: float,
-                      batch_size: int = 256, pad_id: int, top_p: float = 1.0, top_k: int = 0) -> list[torch.Tensor]:
-    """Per-token log-probs of each response under the model's sampling distribution (`sampling_logprobs` at
-    temperature / top_p / top_k), one fp32 CPU tensor per row; the output head in chunks
-    (`head_logprobs.response_logprobs`), so no (rows x R x vocabulary) logits exist at once."""
-    from posttrain.models.head_logprobs import response_logprobs  # it builds on this module
-
-    out = []
-    for s in range(0, len(prompt_ids), batch_size):
-        lp = response_logprobs(model, prompt_ids[s:s + batch_size], response_ids[s:s + batch_size], pad_id,
-                               temperature=temperature, top_p=top_p, top_k=top_k)[0].cpu()
-        for i, r in enumerate(response_ids[s:s + batch_size]):
-            out.append(lp[i, :len(r)])
-    return out

@@ -165,3 +165,19 @@ def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
     logp = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, flat_logp)
     ent = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, flat_ent)
     return logp, ent, mask
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], *, temperature: float,
+                      batch_size: int = 256, pad_id: int, top_p: float = 1.0, top_k: int = 0) -> list[torch.Tensor]:
+    """Per-token log-probs of each response under the model's sampling distribution (`sampling_logprobs` at
+    temperature / top_p / top_k), one fp32 CPU tensor per row; the output head in chunks
+    (`response_logprobs`), so no (rows x R x vocabulary) logits exist at once."""
+
+    out = []
+    for s in range(0, len(prompt_ids), batch_size):
+        lp = response_logprobs(model, prompt_ids[s:s + batch_size], response_ids[s:s + batch_size], pad_id,
+                               temperature=temperature, top_p=top_p, top_k=top_k)[0].cpu()
+        for i, r in enumerate(response_ids[s:s + batch_size]):
+            out.append(lp[i, :len(r)])
+    return out

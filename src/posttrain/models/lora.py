@@ -13,7 +13,7 @@ weights, and store them as a peft adapter folder.
   the base model's own names. Strict: a LoRA tensor it does not consume is an error, never dropped.
 - **Storing** (`save_adapter`, `ADAPTER_FILES`): peft's layout - adapter_config.json and
   adapter_model.safetensors with `base_model.model.` names - so `peft.PeftModel.from_pretrained(base, folder)`
-  loads it too; the artifact names its base model as its parent (model_folders.py builds the merged folder).
+  loads it too; the artifact names its base model as its parent (models/folders.py builds the merged folder).
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ so serialisation, object transfer, Ray scheduling, weight sync and the controlle
 overhead (the drift check costs nothing of its own: the update's first forward measures it).
 
 `RLTracker` (posttrain.tracking.Tracker for StepMetrics) prints a tqdm bar when stdout is a terminal, else lines
-paced by posttrain.progress (the first step, the last, every `tracking.log_every` steps when set, else every
+paced by posttrain.tracking.progress (the first step, the last, every `tracking.log_every` steps when set, else every
 `tracking.progress_every_s` seconds; with rate and ETA) - and a line for every step with failed reward calls,
 whatever the pace, naming the count and one reason - and logs every step to the RL stage's wandb run
-(posttrain.wandb_run; none with `tracking.wandb: false`), continuing the same wandb run id after a restart.
+(posttrain.tracking.wandb_run; none with `tracking.wandb: false`), continuing the same wandb run id after a restart.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from posttrain.config import TrackingConfig
 from posttrain.rl.loops.common import StepOutcome
 from posttrain.tracking import Tracker
-from posttrain.wandb_run import WandbRun
+from posttrain.tracking.wandb_run import WandbRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +122,7 @@ _CONSOLE = ("reward_mean", "accuracy", "kl", "entropy", "clip_fraction", "respon
 
 class RLTracker(Tracker):
     """Console + wandb sink for StepMetrics (the controller is one process: it always reports). `wandb_run`
-    (posttrain.wandb_run) is started here, continuing `wandb_id` after a resume, and finished by `close` with
+    (posttrain.tracking.wandb_run) is started here, continuing `wandb_id` after a resume, and finished by `close` with
     the final model's id."""
 
     postfix_width = 160

@@ -1,7 +1,7 @@
 """The models RL roles read through settings (`reward.models`, `rl.critic_init`, ...) as stored artifacts.
 
 Each value - an artifact id (or unique prefix), a local HF folder, or `channel:NAME` - is stored by content
-(`model_refs.model_ref`: the same files always give the same id) before the run, so that the RL stage's cache
+(`models/refs.py::model_ref`: the same files always give the same id) before the run, so that the RL stage's cache
 key and its model's lineage name every model by id, and the role's workers get the stored folder. Which
 settings read models is declared by each role's registry row (`RoleSpec.reads_models`), so a new role that
 reads a model changes nothing here or in `stages.rl`.
@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.config import RewardConfig, RLConfig
-from posttrain.model_folders import model_folder
-from posttrain.model_refs import model_ref
+from posttrain.models.folders import model_folder
+from posttrain.models.refs import model_ref
 from posttrain.rl.roles.registry import ROLES
 
 

@@ -41,7 +41,7 @@ from posttrain.rl import weight_transfer
 from posttrain.rl.metrics import StepMetrics
 from posttrain.rl.remote import RemoteTimeoutError, WorkerLostError
 from posttrain.rl.roles import registry
-from posttrain.wandb_run import WandbRun
+from posttrain.tracking.wandb_run import WandbRun
 
 WAIT_CALLS_PER_STEP = 10
 """Backstop for the driver's wait for the controller's start (role actors reporting, the policy group

@@ -50,7 +50,7 @@ from posttrain.spmd import parallel
 from posttrain.spmd.dist import DistInfo, all_reduce_sum, init_distributed
 from posttrain.spmd.optim import adamw
 from posttrain.tracking import Tracker
-from posttrain.wandb_run import WandbRun
+from posttrain.tracking.wandb_run import WandbRun
 
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
@@ -159,7 +159,7 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
             base_model_dir, out_dir, state_dir, run_name: str = "sft", wandb_run: WandbRun | None = None,
             frozen_model_dir=None) -> dict:
     """Train on every rank; returns rank 0's last metrics and per-step history. `wandb_run` (rank 0's, from
-    posttrain.wandb_run): started here - continuing the saved run id on a resume - and finished by the caller.
+    posttrain.tracking.wandb_run): started here - continuing the saved run id on a resume - and finished by the caller.
     The objective is `sft_cfg`'s (SFTConfig, DPOConfig, RewardModelConfig, DistillConfig); `frozen_model_dir`
     is DPO's reference or the distillation teacher (required for those two, refused for the others)."""
     # Ranks forked by Elastic inherit the parent's torch thread pool, and torch reads OMP_NUM_THREADS only

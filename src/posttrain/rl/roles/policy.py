@@ -72,8 +72,7 @@ from transformers import AutoModelForCausalLM
 
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import DType, MismatchCorrection, ModelConfig, RLConfig
-from posttrain.models.generate import sequence_logprobs
-from posttrain.models.head_logprobs import response_logprobs
+from posttrain.models.head_logprobs import response_logprobs, sequence_logprobs
 from posttrain.models.io import (
     compute_dtype,
     eos_token_ids,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from posttrain.config import ModelConfig, RLConfig
-from posttrain.models.generate import sequence_logprobs
+from posttrain.models.head_logprobs import sequence_logprobs
 from posttrain.models.io import load_model, load_tokenizer, local_device
 from posttrain.rl import dispatch
 from posttrain.rl.remote import gather

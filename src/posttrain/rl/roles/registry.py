@@ -138,7 +138,7 @@ def _lora(s: RunSettings) -> bool:
 
 # The role classes. Each is returned by a function that imports its module when called (build_group,
 # rl.run.default_workers: where a run starts its actors) instead of at the top of this file, because the
-# table is also read where no model runs - placement and through it tasks/rl.py and tasks/rayjob_shape.py
+# table is also read where no model runs - placement and through it tasks/rl.py and rehearsal/rayjob_shape.py
 # (kuberay_group), model_inputs for stages.rl (reads_models) - and the role modules import torch and
 # transformers (seconds per process; the task modules other than tasks/sft.py import neither).
 # vLLM is never imported through them: rollout.py imports rollout_vllm only for rl.rollout_backend = "vllm".

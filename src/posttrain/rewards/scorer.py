@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Self
 
 from posttrain.config import RewardConfig
-from posttrain.reward_process import Limits, RewardFunctionError, RewardProcess, check_name
+from posttrain.rewards.sandbox import Limits, RewardFunctionError, RewardProcess, check_name
 
 __all__ = ["MAX_TIMEOUTS_PER_SCORE", "RESERVED", "RewardFunctionError", "RewardResult", "RewardSample",
            "RewardScorer", "reward_identity"]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.config import EvalConfig, RewardConfig, TrackingConfig, to_dict
-from posttrain.model_folders import model_folder
-from posttrain.stage_support import finished_on_error, source_digest
-from posttrain.wandb_run import WandbRun
+from posttrain.models.folders import model_folder
+from posttrain.stages.support import finished_on_error, source_digest
+from posttrain.tracking.wandb_run import WandbRun
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,7 +36,7 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
     store = store or ArtifactStore()
     reward = reward.function_only()  # evaluation scores with the function or verifier alone
     key = store.cache_key("eval", to_dict(cfg), to_dict(reward), model.id, dataset.id,
-                          source_digest("eval", "models", "rewards.py", "data/verifiers.py", "data/examples.py"))
+                          source_digest("eval", "models", "rewards", "data/verifiers.py", "data/examples.py"))
     ref = store.cache_get(key)
     if ref is None:
         report = run_eval(model_folder(store, model), store.get(dataset), cfg, reward)

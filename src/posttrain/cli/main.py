@@ -25,7 +25,7 @@ the artifact's own files, or for an adapter artifact (trained with `model.lora`)
 in - a folder transformers 5.x and 4.57 load unchanged, with no peft needed.
 
 `channels` prints each channel's holder and its decision history, newest first. `promote` runs the same gate
-as the retrain workflow (`posttrain.gating.judge`: MODEL and the channel's current model evaluated on the
+as the retrain workflow (`posttrain.stages.gate.judge`: MODEL and the channel's current model evaluated on the
 channel's pinned eval set with the recipe's eval settings): it prints `promoted: REASON` and exits 0, or
 `refused: REASON` and exits with status 3 (REFUSED_STATUS), so a script cannot take a refusal for success.
 
@@ -44,12 +44,12 @@ import os
 import sys
 
 from posttrain.artifacts import ArtifactStore
-from posttrain.artifacts.cli import add_commands, add_debug_flag, run_command, stdout_closed
 from posttrain.artifacts.errors import ArtifactError
+from posttrain.artifacts.run_ids import new_run_id
+from posttrain.cli.store import add_commands, add_debug_flag, run_command, stdout_closed
 from posttrain.config import ConfigError
 from posttrain.data.validation import DataValidationError
 from posttrain.promotion import PromotionError, channels, current, decisions_by_channel
-from posttrain.runtime import new_run_id
 
 USER_ERRORS = (ConfigError, DataValidationError, ArtifactError, FileNotFoundError, PromotionError)
 """Errors in what the user gave (settings, reward function, data, artifact ids, paths, a model and eval that do
@@ -134,8 +134,8 @@ def run_promote(args: argparse.Namespace, store: ArtifactStore) -> int:
     """`posttrain promote`: the retrain workflow's gate by hand - MODEL and the channel's current holder are
     evaluated on the channel's pinned eval set with the recipe's eval settings; exit status 0 promoted,
     REFUSED_STATUS refused."""
-    from posttrain.gating import judge
     from posttrain.recipes import resolve
+    from posttrain.stages.gate import judge
 
     cfg = resolve(args.recipe, args.overrides)
     model = store.ref(args.model)
@@ -158,7 +158,7 @@ def run_export(args: argparse.Namespace, store: ArtifactStore) -> int:
     import tempfile
     from pathlib import Path
 
-    from posttrain.model_folders import model_folder
+    from posttrain.models.folders import model_folder
 
     ref = store.ref(args.id)
     if ref.kind not in ("model", "reward_model"):
@@ -183,7 +183,7 @@ def run_export(args: argparse.Namespace, store: ArtifactStore) -> int:
 
 
 COMMANDS = {"eval": run_eval, "export": run_export, "channels": run_channels, "promote": run_promote}
-"""The commands this module runs itself; the store's (artifacts/cli.py) run through `run_command`."""
+"""The commands this module runs itself; the store's (cli/store.py) run through `run_command`."""
 
 
 def add_own_commands(sub) -> None:

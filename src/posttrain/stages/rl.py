@@ -8,9 +8,9 @@ from dataclasses import replace
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.artifacts.state import StateDir
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig, TrackingConfig, to_dict
-from posttrain.model_folders import model_folder
-from posttrain.stage_support import check_budget, drop_state, source_digest, without_keep_state
-from posttrain.wandb_run import WandbRun
+from posttrain.models.folders import model_folder
+from posttrain.stages.support import check_budget, drop_state, source_digest, without_keep_state
+from posttrain.tracking.wandb_run import WandbRun
 
 
 def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, tracking: TrackingConfig, *,
@@ -45,7 +45,7 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
                           max_seq_len,
                           (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
                           *([to_dict(model_cfg.lora)] if model_cfg and model_cfg.lora else []),
-                          start_model.id, dataset.id, source_digest("rl", "models", "rewards.py", "data/verifiers.py"))
+                          start_model.id, dataset.id, source_digest("rl", "spmd", "models", "rewards", "data/verifiers.py"))
     hit = store.cache_get(key)
     if hit is not None:
         print(f"rl: cache hit -> model {hit.short}")

@@ -1,7 +1,8 @@
 """The store's commands: list artifacts and runs, show one artifact or its lineage, verify files, rebuild the index.
 
-The `posttrain` console command (posttrain/cli.py) adds these to its own (`eval`, `channels`, `promote`); this
-module runs alone too (`python -m posttrain.artifacts.cli`) and imports nothing above the artifact store.
+The `posttrain` console command (posttrain/cli/main.py) adds these to its own (`eval`, `channels`, `promote`); this
+module runs alone too (`python -m posttrain.cli.store`); it imports the artifact store (and the report pages, for
+`show --html`).
 
     posttrain [--home ROOT] artifacts list [--kind K] [--run R] [--json]
     posttrain [--home ROOT] runs [--limit N] [--json]
@@ -29,7 +30,7 @@ from pathlib import Path
 from posttrain.artifacts.errors import ArtifactError, ArtifactNotFoundError
 from posttrain.artifacts.manifest import Manifest
 from posttrain.artifacts.store import ArtifactStore, LineageNode
-from posttrain.progress import duration
+from posttrain.tracking.progress import duration
 
 
 def _key_config(m) -> dict:

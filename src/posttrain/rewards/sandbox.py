@@ -231,7 +231,7 @@ def _serve(conn, path: str, python_path: list[str], limits: Limits) -> None:
 # --------------------------------------------------------------------------------------------- the parent
 
 _CHILD = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
-          "from posttrain.reward_process import _serve_fd; "
+          "from posttrain.rewards.sandbox import _serve_fd; "
           "_serve_fd(int(sys.argv[1]), sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5]))")
 """The child's program: the parent's sys.path (so posttrain and the parent's test/module folders import),
 then `_serve` on the inherited socket. A fresh interpreter, not multiprocessing's spawn: spawn re-imports the

@@ -1,4 +1,4 @@
-"""The preference stages: pairs from a model's own samples (posttrain.pairs) and a reward model's pairwise
+"""The preference stages: pairs from a model's own samples (posttrain.eval.pairs) and a reward model's pairwise
 evaluation (posttrain.eval.pairwise), each cached on its inputs like every stage in `posttrain.stages`."""
 
 from __future__ import annotations
@@ -9,20 +9,20 @@ from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.config import PairsConfig, RewardConfig, to_dict
-from posttrain.model_folders import model_folder
-from posttrain.stage_support import source_digest
+from posttrain.models.folders import model_folder
+from posttrain.stages.support import source_digest
 
 
 def pairs(cfg: PairsConfig, reward: RewardConfig, *, model: ArtifactRef, dataset: ArtifactRef, run_id: str,
           store: ArtifactStore | None = None) -> ArtifactRef:
-    """Preference pairs from `model`'s own samples of the dataset's prompts (posttrain.pairs): a `dataset`
+    """Preference pairs from `model`'s own samples of the dataset's prompts (posttrain.eval.pairs): a `dataset`
     artifact of preference examples whose parents are the model and the prompts."""
-    from posttrain.pairs import make_pairs
+    from posttrain.eval.pairs import make_pairs
 
     store = store or ArtifactStore()
     reward = reward.function_only()  # pairs are scored by the function or verifier alone
     key = store.cache_key("pairs", to_dict(cfg), to_dict(reward), model.id, dataset.id,
-                          source_digest("pairs.py", "eval", "models", "rewards.py", "data/verifiers.py"))
+                          source_digest("eval", "models", "rewards", "data/verifiers.py"))
     hit = store.cache_get(key)
     if hit is not None:
         print(f"pairs: cache hit -> dataset {hit.short}")

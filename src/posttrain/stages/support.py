@@ -1,5 +1,5 @@
 """What every stage shares: the code version of a stage's cache key, closing a stage's wandb run on error, the
-token budget check, and dropping a finished stage's state (posttrain.stages, eval_stage, rl_stage)."""
+token budget check, and dropping a finished stage's state."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 from posttrain.artifacts.state import StateDir
 from posttrain.config import RLConfig, SFTConfig, to_dict
-from posttrain.wandb_run import WandbRun
+from posttrain.tracking.wandb_run import WandbRun
 
-_SRC = Path(__file__).resolve().parent
+_SRC = Path(__file__).resolve().parents[1]  # src/posttrain
 
 
 def source_digest(*relpaths: str) -> str:

@@ -1,5 +1,5 @@
-"""Step metrics to the console (a tqdm bar when interactive, otherwise lines paced by posttrain.progress with
-rate and ETA) and to the stage's wandb run (posttrain.wandb_run), if it has one: the one tracker of every stage.
+"""Step metrics to the console (a tqdm bar when interactive, otherwise lines paced by posttrain.tracking.progress with
+rate and ETA) and to the stage's wandb run (posttrain.tracking.wandb_run), if it has one: the one tracker of every stage.
 
 `Tracker.log(step, metrics)` is the SFT trainer's (a dict per 0-based step); the RL controller's
 `posttrain.rl.metrics.RLTracker` is a subclass that logs `StepMetrics`, adds its reward-failure lines and
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sys
 
 from posttrain.config import TrackingConfig
-from posttrain.progress import Progress
-from posttrain.wandb_run import WandbRun
+from posttrain.tracking.progress import Progress
+from posttrain.tracking.wandb_run import WandbRun
 
 
 class Tracker:
@@ -47,7 +47,7 @@ class Tracker:
 
     def _emit(self, done: int, metrics: dict, *, wandb_step: int, line: str, label: str, note: str = "") -> None:
         """One step: `metrics` to wandb at `wandb_step`; `line` on the bar, or printed as "`label`: `line`" when
-        posttrain.progress says it is due after `done` steps. A `note` ("" for none) is printed whatever the
+        posttrain.tracking.progress says it is due after `done` steps. A `note` ("" for none) is printed whatever the
         pace (above the bar, or at the end of the line)."""
         if not self.active:
             return

@@ -10,7 +10,7 @@ The gate compares the candidate and the current holder evaluated on exactly the 
 with the same settings (same engine, seeds, k, reward - the eval artifacts' configs must match): the candidate
 is promoted only if its greedy accuracy on the pinned set reaches `min_accuracy` and, on the pinned set and
 every guard set, is not below the holder's by more than `tolerance`. Evaluating is the caller's job
-(posttrain.gating runs both evaluations); `gate` checks the evaluations really are those, decides, and stores
+(posttrain.stages.gate runs both evaluations); `gate` checks the evaluations really are those, decides, and stores
 the decision as a `decision` artifact - decision.json with the time, inputs, thresholds, both sides'
 accuracies and the reason; parents: the candidate model and every evaluation of both models - so the
 decision, both evaluations and the thresholds are reachable by lineage (`posttrain lineage DECISION`), and

@@ -1,27 +1,17 @@
-"""Pipeline stages with artifact bookkeeping: resolve input handles, skip work on a cache hit, run the
-library function, store the output with its manifest, return a handle.
-
-The Flyte tasks in `tasks/` are one-line wrappers around these functions, so every stage can also be run
-and tested without Flyte. A stage's cache key is made of its config part, the content ids (or source
-bytes) of its inputs, and a digest of the library source that implements it - so an edited source file or
-a changed setting is noticed, while an RL setting never invalidates data prep or SFT.
-
-Data prep, SFT and the dense objectives' trainer are here; evaluation is eval_stage.py and RL rl_stage.py
-(both importable from here as `stages.evaluate` and `stages.rl`); the helpers they share are stage_support.py.
-"""
+"""The SFT stage and every dense objective (DPO, reward model, distillation): resolve the start and frozen
+models, skip work on a cache hit, train on every rank of the SPMD group, store the result with its manifest on
+rank 0 and return its handle."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.artifacts.state import StateDir
 from posttrain.config import (
     ConfigError,
-    DataConfig,
     DistillConfig,
     DPOConfig,
     ModelConfig,
@@ -31,66 +21,16 @@ from posttrain.config import (
     objective_of,
     to_dict,
 )
-from posttrain.eval_stage import EvalOutputs, evaluate  # noqa: F401 - the evaluation stage
-from posttrain.model_folders import model_folder
-from posttrain.model_refs import model_ref, start_model
-from posttrain.rl_stage import rl  # noqa: F401 - the RL stage
-from posttrain.stage_support import (
+from posttrain.models.folders import model_folder
+from posttrain.models.refs import model_ref, start_model
+from posttrain.stages.support import (
     check_budget,
     drop_state,
     finished_on_error,
     source_digest,
     without_keep_state,
 )
-from posttrain.wandb_run import WandbRun
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataOutputs:
-    dataset: ArtifactRef
-    tokenizer: ArtifactRef | None
-
-
-def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
-              store: ArtifactStore | None = None) -> DataOutputs:
-    """Build (or find in the cache) the dataset artifact and, for from-scratch models, the tokenizer.
-
-    `require_completions` (pass `sft.enabled`): every train row must end with an assistant turn."""
-    from posttrain.data.prepare import prepare_dataset, source_fingerprint
-    from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
-
-    store = store or ArtifactStore()
-    key = store.cache_key("data_prep", to_dict(cfg), source_fingerprint(cfg), require_completions,
-                          source_digest("data", "models/tokenizer.py"))
-    ds_ref = store.cache_get(key + "-dataset")
-    tok_ref = store.cache_get(key + "-tokenizer") if cfg.tokenizer.train else None
-    if ds_ref is not None and (tok_ref is not None or not cfg.tokenizer.train):
-        print(f"data_prep: cache hit -> dataset {ds_ref.short}")
-        return DataOutputs(dataset=ds_ref, tokenizer=tok_ref)
-
-    name = cfg.task or Path(cfg.files[0]).stem
-    with tempfile.TemporaryDirectory(prefix="posttrain-data-") as tmp:
-        ds_dir = Path(tmp) / "dataset"
-        info = prepare_dataset(cfg, ds_dir, require_completions=require_completions)
-        ds_ref = store.put("dataset", name, ds_dir, run_id=run_id, parents=[], config=to_dict(cfg),
-                           metrics={"num_train": info.num_train, "num_eval": info.num_eval,
-                                    "num_duplicates": info.num_duplicates,
-                                    "num_eval_in_train": info.num_eval_in_train,
-                                    "num_train_dropped_for_eval": info.num_train_dropped_for_eval},
-                           extra={"require_completions": require_completions, "rows_per_file": info.rows_per_file,
-                                  "dropped_sample": info.dropped_sample})
-        store.cache_put(key + "-dataset", ds_ref)
-        if cfg.tokenizer.train:
-            tok_dir = Path(tmp) / "tokenizer"
-            train_tokenizer(tokenizer_training_texts(ds_dir), cfg.tokenizer.vocab_size, tok_dir)
-            tok_ref = store.put("tokenizer", f"{name}-bpe{cfg.tokenizer.vocab_size}", tok_dir, run_id=run_id,
-                                parents=[ds_ref.id], config=to_dict(cfg.tokenizer))
-            store.cache_put(key + "-tokenizer", tok_ref)
-    overlap = (f"{info.num_eval_in_train} eval rows also in train" if info.eval_from_files else
-               f"held out by prompt: {info.num_train_dropped_for_eval} rows with an eval prompt left out of train")
-    print(f"data_prep: dataset {ds_ref.short} ({info.num_train} train / {info.num_eval} eval, {overlap})"
-          + (f", tokenizer {tok_ref.short}" if tok_ref else ""))
-    return DataOutputs(dataset=ds_ref, tokenizer=tok_ref)
+from posttrain.tracking.wandb_run import WandbRun
 
 
 def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, dataset: ArtifactRef,
@@ -106,9 +46,9 @@ def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, data
         cfg.pop(named, None)
     parts = (model_part, cfg, dataset.id, tokenizer.id if tokenizer else None, start.id if start else None)
     if objective == Objective.SFT:  # SFT's key as it always was: its cached models stay valid
-        return store.cache_key("sft", *parts, source_digest("sft", "models", "data/chat.py"))
+        return store.cache_key("sft", *parts, source_digest("sft", "spmd", "models", "data/chat.py"))
     return store.cache_key(objective.value, *parts, frozen.id if frozen else None,
-                           source_digest("sft", "models", "data/chat.py"))
+                           source_digest("sft", "spmd", "models", "data/chat.py"))
 
 
 def sft(model: ModelConfig, sft_cfg: SFTConfig, tracking: TrackingConfig, *, dataset: ArtifactRef,
