@@ -2,7 +2,7 @@
 
 pyflyte prints its own boxed traceback for whatever a task raises (flytekit's CLI has no switch to leave it
 out), so each task prints `<stage>: error: <message>` before it re-raises a user error - a bad setting, bad
-data, a missing artifact or file, a promotion that cannot be judged (posttrain.cli.USER_ERRORS). Anything else
+data, a missing artifact or file, a promotion that cannot be judged (posttrain.cli.main.USER_ERRORS). Anything else
 is a bug and keeps just its traceback. The `posttrain` CLI prints the line alone (`--debug`: the traceback).
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 @contextlib.contextmanager
 def stage_errors(stage: str) -> Iterator[None]:
-    from posttrain.cli import USER_ERRORS
+    from posttrain.cli.main import USER_ERRORS
 
     try:
         yield

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from posttrain.artifacts import ArtifactStore
-from posttrain.cli import REFUSED_STATUS, main
+from posttrain.cli.main import REFUSED_STATUS, main
 
 OVERRIDES = json.dumps({"eval": {"num_problems": 50, "k": 0, "max_new_tokens": 8}})
 

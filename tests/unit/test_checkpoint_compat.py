@@ -137,7 +137,7 @@ def test_an_exported_lora_model_generates_as_its_adapted_policy_in_both_versions
     writes a plain HF folder: 5.x and 4.57 load it with no peft and generate the greedy tokens the adapted model
     generates, with logits within 1e-4."""
     from posttrain.artifacts import ArtifactStore
-    from posttrain.cli import main
+    from posttrain.cli.main import main
     from posttrain.config import LoraConfig, SFTConfig
     from posttrain.models.io import load_model, load_tokenizer
     from posttrain.models.lora import add_adapters, save_adapter

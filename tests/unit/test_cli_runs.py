@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.artifacts import ArtifactStore
-from posttrain.cli import main
+from posttrain.cli.main import main
 
 POSTTRAIN = str(Path(sys.executable).parent / "posttrain")
 

@@ -91,3 +91,12 @@ def test_the_checks_see_a_violation(tmp_path, monkeypatch):
     mods["posttrain.rl.y"].write_text("from posttrain.config.x import f\n")
     edges = _imports(mods)
     assert edges["posttrain.config.x"] == {"posttrain.rl.y"} and edges["posttrain.rl.y"] == {"posttrain.config.x"}
+
+
+def test_the_store_commands_old_module_name_says_where_they_moved():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "posttrain.artifacts.cli", "runs"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "moved to posttrain.cli.store" in r.stderr, (r.returncode, r.stderr)

@@ -1,6 +1,3 @@
-"""The `posttrain` console command: its own commands (main.py: eval, channels, promote) and the artifact store's
-(store.py: runs, lineage, artifacts, verify, ...)."""
-
-from posttrain.cli.main import REFUSED_STATUS, USER_ERRORS, main
-
-__all__ = ["REFUSED_STATUS", "USER_ERRORS", "main"]
+"""The `posttrain` console command (`posttrain.cli.main:main`): its own commands (main.py: eval, channels, promote)
+and the artifact store's (store.py: runs, lineage, artifacts, verify, ...; also `python -m posttrain.cli.store`).
+Nothing is imported here, so running store.py as a module does not import it twice."""
