@@ -61,7 +61,7 @@ def _single_process_update(model_dir: str, b: TrainBatch, cfg: RLConfig):
     torch.manual_seed(cfg.seed)
     model, tok = load_model(model_dir).train(), load_tokenizer(model_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    losses, norms = [], []
+    losses, norms, grad_max = [], [], {}
     for _ in range(cfg.inner_epochs):
         logits, targets, mask = forward_response_logits(model, b.prompt_ids, b.response_ids, tok.pad_token_id)
         logp = token_logprobs(logits, targets, cfg.temperature)
@@ -71,10 +71,13 @@ def _single_process_update(model_dir: str, b: TrainBatch, cfg: RLConfig):
                                    kl_estimator=cfg.kl_estimator)
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))))
+        for name, prm in model.named_parameters():  # each entry's largest gradient over the epochs
+            g = prm.grad.detach().abs()
+            grad_max[name] = torch.maximum(grad_max[name], g) if name in grad_max else g
         losses.append(float(loss.detach()))
         opt.step()
         opt.zero_grad()
-    return losses, norms, {k: v.detach() for k, v in model.state_dict().items()}
+    return losses, norms, {k: v.detach() for k, v in model.state_dict().items()}, grad_max
 
 
 @pytest.mark.timeout(600)
@@ -103,7 +106,7 @@ def test_two_rank_update_equals_single_process_update(ray_local, tiny_sft_model,
 
 
 def _assert_same_as_single_process(model_dir: str, batch: TrainBatch, cfg: RLConfig, stats, spmd_weights) -> None:
-    losses, norms, ref_weights = _single_process_update(model_dir, batch, cfg)
+    losses, norms, ref_weights, grad_max = _single_process_update(model_dir, batch, cfg)
     assert stats.policy_version == 1
     assert stats.loss == pytest.approx(losses[0], rel=1e-4, abs=1e-6)  # first epoch: the whole batch's loss
     assert stats.grad_norm == pytest.approx(norms[-1], rel=1e-4)  # last epoch's all-reduced gradient
@@ -111,10 +114,14 @@ def _assert_same_as_single_process(model_dir: str, batch: TrainBatch, cfg: RLCon
     for name, w in ref_weights.items():
         d_ref, d_spmd = w - start[name], spmd_weights[name] - start[name]
         assert d_ref.abs().max() > 0.5 * cfg.lr, f"{name} did not move: the update did nothing to it"
-        # Adam's first steps are ~lr * sign(grad): a wrong gradient moves most entries by ~lr. Entries whose
-        # gradient is within float noise of 0 may legitimately flip sign, so compare the whole tensor's update.
-        rel = float((d_spmd - d_ref).norm() / d_ref.norm())
-        off = float(((d_spmd - d_ref).abs() > 0.05 * cfg.lr).float().mean())
+        # Adam's first steps are ~lr * sign(grad) whatever the gradient's size: a wrong gradient moves most entries
+        # by ~lr. An entry whose gradient is within float noise of 0 (summed in another order over two ranks) may
+        # flip sign and move the other way, so such entries - every gradient of theirs below 1e-3 of the tensor's
+        # largest - are left out; the rest must agree. (The loss and the gradient norm above are exact to 1e-4.)
+        g = grad_max.get(name)
+        keep = g > 1e-3 * g.max() if g is not None else torch.ones_like(d_ref, dtype=torch.bool)
+        rel = float((d_spmd - d_ref)[keep].norm() / d_ref[keep].norm())
+        off = float(((d_spmd - d_ref).abs() > 0.05 * cfg.lr)[keep].float().mean())
         assert rel < 0.02 and off < 0.01, f"{name}: update differs by {rel:.3g} (relative), {off:.2%} entries off"
 
 
