@@ -1,9 +1,29 @@
 """Per-row records that cross Ray as ragged lists (one list of floats per response) and the padded (B, R)
-tensors the math runs on: the one pair of converters every role and loop uses."""
+tensors the math runs on: the one pair of converters every role and loop uses, and the one row selector
+(`take_rows`) for the records themselves."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+from typing import TypeVar
+
 import torch
+
+R = TypeVar("R")
+
+
+def take_rows(record: R, rows: Sequence[int]) -> R:
+    """Rows `rows` of a per-row record (PromptBatch, Trajectories, TrainBatch, CriticBatch...), in that order:
+    every list field is indexed - a field added to the record later is carried without touching this - and
+    every other field (the policy version, the loss settings, timings) is kept. A list field whose length is not
+    the record's row count (so not per-row) is refused rather than cut wrongly; None (no ref_logprobs) stays."""
+    lists = {f.name: v for f in dataclasses.fields(record) if isinstance(v := getattr(record, f.name), list)}
+    n = {len(v) for v in lists.values()}
+    if len(n) > 1:
+        raise ValueError(f"{type(record).__name__}: list fields of different lengths, so not all per-row: "
+                         + ", ".join(f"{k} {len(v)}" for k, v in lists.items()))
+    return dataclasses.replace(record, **{k: [v[i] for i in rows] for k, v in lists.items()})
 
 
 def pad_rows(rows: list[list[float]], shape: tuple[int, int] | torch.Size) -> torch.Tensor:

@@ -36,14 +36,11 @@ from posttrain.config import DistillConfig, DPOConfig, DPOLoss, Objective, Rewar
 from posttrain.data.chat import tokenize_for_training
 from posttrain.sft.batching import IGNORE, Batch, Sequence, sequence_sums, token_losses
 from posttrain.sft.losses import bradley_terry_losses, distill_token_losses, dpo_losses
-
-
-def _autocast(enabled: bool):
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled)
+from posttrain.spmd import precision
 
 
 def _logits(model, b: Batch, device, autocast: bool) -> torch.Tensor:
-    with _autocast(autocast):
+    with precision.autocast(autocast):
         return model(input_ids=b.input_ids.to(device), position_ids=b.position_ids.to(device),
                      attention_mask=b.attention_mask.to(device), use_cache=False).logits  # (B, T, V)
 
@@ -168,7 +165,7 @@ class RewardModelObjective(_PairObjective):
         self.cfg = cfg
 
     def loss(self, model, frozen, b: Batch, counts: dict, device, autocast: bool) -> tuple[torch.Tensor, dict]:
-        with _autocast(autocast):
+        with precision.autocast(autocast):
             scores = model(input_ids=b.input_ids.to(device), position_ids=b.position_ids.to(device),
                            attention_mask=b.attention_mask.to(device))  # (B, T): the head at every position
         r = scores.float().reshape(-1)[b.pool_index.to(device)]  # (N,)

@@ -46,7 +46,7 @@ from posttrain.models.tiny import build_model
 from posttrain.sft.batching import Batch, collate_units, rank_order
 from posttrain.sft.checkpoint import load_state, save_state
 from posttrain.sft.objectives import SFTObjective, objective_for
-from posttrain.spmd import parallel
+from posttrain.spmd import parallel, precision
 from posttrain.spmd.dist import DistInfo, all_reduce_sum, init_distributed
 from posttrain.spmd.optim import adamw
 from posttrain.tracking import Tracker
@@ -185,7 +185,7 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     start, wandb_id, history = load_state(state, model, optimizer, objective.name.value)
     tracker = Tracker(tracking_cfg, info.rank, run_name, total=sft_cfg.steps, start=start, wandb_run=wandb_run,
                       wandb_id=wandb_id)
-    autocast = info.device.type == "cuda" and model_cfg.dtype.value == "bf16"
+    autocast = precision.uses_bf16(info.device, model_cfg.dtype)
     metrics: dict = {}
     t_start = time.perf_counter()
     for step in range(start, sft_cfg.steps):

@@ -22,6 +22,7 @@ import torch
 from posttrain.rl.algorithms.pg import overlong_penalty
 from posttrain.rl.loops.common import StepOutcome, StepRun, generate, reference_logprobs, score, update_policy
 from posttrain.rl.loops.grpo import GRPO
+from posttrain.rl.ragged import take_rows
 from posttrain.rl.types import PromptBatch, Rewards, TrainBatch, Trajectories
 
 
@@ -49,7 +50,7 @@ class DAPO(GRPO):
             rows = [g * n + j for g, keep in enumerate(differ) if keep for j in range(n)]
             dropped += differ.count(False)
             if rows:
-                kept.append((take(traj, rows), shaped[rows].tolist()))
+                kept.append((take_rows(traj, rows), shaped[rows].tolist()))
                 kept_groups += len(rows) // n
             if kept_groups >= cfg.prompts_per_step or draws >= cfg.max_extra_draws:
                 break
@@ -71,7 +72,7 @@ class DAPO(GRPO):
         batch_traj = concat([t for t, _ in kept])
         scores = [s for _, sc in kept for s in sc]
         rows = list(range(min(kept_groups, cfg.prompts_per_step) * n))  # whole groups, the first drawn first
-        batch_traj, scores = take(batch_traj, rows), [scores[i] for i in rows]
+        batch_traj, scores = take_rows(batch_traj, rows), [scores[i] for i in rows]
         ref = reference_logprobs(r.reference, batch_traj, cfg, run)
         with run.phase("advantages"):
             adv = self.advantages(torch.tensor(scores)).tolist()
@@ -83,24 +84,17 @@ class DAPO(GRPO):
         return StepOutcome(traj=all_traj, rewards=all_rewards, ref=ref, stats=stats, extra=extra)
 
 
-_PER_ROW = ("group_index", "prompt_ids", "response_ids", "logprobs", "finished", "texts", "answers", "tasks",
-            "messages", "columns")
-
-
-def take(t: Trajectories, rows: list[int]) -> Trajectories:
-    """Rows `rows` of the trajectories, in that order."""
-    return dataclasses.replace(t, **{f: [getattr(t, f)[i] for i in rows] for f in _PER_ROW})
-
-
 def concat(parts: list[Trajectories]) -> Trajectories:
-    """The trajectories of several draws at one version, in order; group indices stay distinct across draws."""
-    out = {f: [] for f in _PER_ROW}
+    """The trajectories of several draws at one version, in order: every per-row list joined (take_rows' rule: the
+    list fields are the rows), group indices kept distinct across draws, compute time summed."""
+    rows = [f.name for f in dataclasses.fields(Trajectories) if isinstance(getattr(parts[0], f.name), list)]
+    out: dict[str, list] = {f: [] for f in rows}
     offset = 0
     for t in parts:
-        for f in _PER_ROW:
+        for f in rows:
             out[f] += [g + offset for g in t.group_index] if f == "group_index" else list(getattr(t, f))
         offset += max(t.group_index, default=-1) + 1
-    return Trajectories(policy_version=parts[0].policy_version, compute_s=sum(t.compute_s for t in parts), **out)
+    return dataclasses.replace(parts[0], compute_s=sum(t.compute_s for t in parts), **out)
 
 
 def concat_rewards(parts: list[Rewards]) -> Rewards:

@@ -19,7 +19,6 @@ when the group's loss or the gradient norm is not finite (`applied` False, weigh
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.config import DType, ModelConfig, RLConfig
+from posttrain.config import ModelConfig, RLConfig
 from posttrain.models.io import load_tokenizer, local_device
 from posttrain.models.lora import add_adapters
 from posttrain.models.reward_model import TokenScores, build_reward_model
@@ -37,7 +36,7 @@ from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import CriticSums, RankUpdate
 from posttrain.rl.weight_sync import weights_checksum
-from posttrain.spmd import parallel
+from posttrain.spmd import parallel, precision
 from posttrain.spmd.memory import return_free_memory
 
 
@@ -127,16 +126,13 @@ class CriticWorker(SPMDWorker):
         if self.model_cfg.lora is not None:  # adapters and the value head train; the body stays frozen
             add_adapters(rm, self.model_cfg.lora, seed=cfg.seed, extra_trainable=("score",))
         self.model = TokenScores(rm).to(self.device).train()  # fp32 master weights
-        self.bf16 = self.device.type == "cuda" and self.model_cfg.dtype == DType.BF16
+        self.bf16 = precision.uses_bf16(self.device, self.model_cfg.dtype)
         self.version = 0
         self.net: torch.nn.Module | None = None
         self.opt: torch.optim.Optimizer | None = None
 
     def where(self) -> dict:
         return where()
-
-    def _autocast(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
     @torch.no_grad()
     def values(self, prompt_ids, response_ids) -> tuple[list[list[float]], float]:
@@ -147,7 +143,7 @@ class CriticWorker(SPMDWorker):
         mb = self.cfg.micro_batch_size
         with parallel.local_forwards(self.model):
             for lo in range(0, len(prompt_ids), mb):
-                with self._autocast():
+                with precision.autocast(self.bf16):
                     v, _ = response_values(self.model, prompt_ids[lo:lo + mb], response_ids[lo:lo + mb],
                                            self.tok.pad_token_id)
                 out += [row[:len(r)].tolist() for row, r in zip(v.cpu(), response_ids[lo:lo + mb])]
@@ -213,7 +209,7 @@ class CriticWorker(SPMDWorker):
         for m in range(n_micro):
             lo, hi = bounds[m], bounds[m + 1]
             with parallel.grad_sync(self.net, last=m == n_micro - 1):
-                with self._autocast():
+                with precision.autocast(self.bf16):
                     v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                               self.tok.pad_token_id)
                 old = v.detach()
@@ -245,7 +241,7 @@ class CriticWorker(SPMDWorker):
 
     def _backward(self, sh: CriticBatch, lo: int, hi: int, norm: float, sync: bool) -> ppo.ValueLossStats:
         with parallel.grad_sync(self.net, last=sync):
-            with self._autocast():
+            with precision.autocast(self.bf16):
                 v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                           self.tok.pad_token_id)
             old = pad_rows(sh.old_values[lo:hi], v.shape).to(self.device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from posttrain.rl import dispatch
+from posttrain.rl.ragged import take_rows
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.critic import CriticBatch, CriticFit, CriticStats, Values
 from posttrain.rl.roles.policy_group import mini_batch_rows
@@ -88,7 +89,4 @@ class CriticGroup(SPMDGroup):
         lengths = [len(b.prompt_ids[i]) + len(b.response_ids[i]) for i in rows]
         sh = dispatch.shard(rows, lengths, len(self.workers), equal_size=True)
         n_micro = min(max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb)), min(len(i) for i in sh.indices))
-        take = [CriticBatch(policy_version=b.policy_version, prompt_ids=[b.prompt_ids[i] for i in s],
-                            response_ids=[b.response_ids[i] for i in s], old_values=[b.old_values[i] for i in s],
-                            returns=[b.returns[i] for i in s]) for s in sh.shards]
-        return take, sum(len(b.response_ids[i]) for i in rows), n_micro
+        return [take_rows(b, s) for s in sh.shards], sum(len(b.response_ids[i]) for i in rows), n_micro

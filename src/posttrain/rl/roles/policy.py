@@ -59,7 +59,6 @@ False, `stopped`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import tempfile
@@ -71,7 +70,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import AutoModelForCausalLM
 
 from posttrain.artifacts import ArtifactStore
-from posttrain.config import DType, MismatchCorrection, ModelConfig, RLConfig
+from posttrain.config import MismatchCorrection, ModelConfig, RLConfig
 from posttrain.models.head_logprobs import response_logprobs, sequence_logprobs
 from posttrain.models.io import (
     compute_dtype,
@@ -88,7 +87,7 @@ from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.policy_weights import PolicyWeights
 from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import ModelPut, PolicyLoss, PolicySums, RankUpdate, TrainBatch
-from posttrain.spmd import parallel
+from posttrain.spmd import parallel, precision
 from posttrain.spmd.memory import return_free_memory
 
 
@@ -116,7 +115,7 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
         self.lora = self.model_cfg.lora
         if self.lora is not None:  # only the adapters train; the base with them off is the KL reference
             add_adapters(self.model, self.lora, seed=cfg.seed)
-        self.bf16 = self.device.type == "cuda" and self.model_cfg.dtype == DType.BF16
+        self.bf16 = precision.uses_bf16(self.device, self.model_cfg.dtype)
         self.sync_dtype = compute_dtype(self.model_cfg.dtype, self.device)
         """The dtype the weights are handed to rollout workers in (bf16 when they generate in bf16)."""
         self.tok = load_tokenizer(model_dir)
@@ -133,15 +132,12 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
     def where(self) -> dict:
         return where()
 
-    def _autocast(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
-
     def log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
         """Every rank of the group calls this at once (under FSDP2 the model is gathered for it); each on its own
         rows, any number."""
         t0 = time.perf_counter()
         self.model.eval()
-        with parallel.local_forwards(self.model), self._autocast():
+        with parallel.local_forwards(self.model), precision.autocast(self.bf16):
             lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
                                    pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         self.model.train()
@@ -222,7 +218,7 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
         log-probs, mask, loss, loss stats)."""
         cfg = self.cfg
         with parallel.grad_sync(self.net, last=sync):
-            with self._autocast():  # (b, R) fp32, the output head in chunks (models.head_logprobs)
+            with precision.autocast(self.bf16):  # (b, R) fp32, the output head in chunks (models.head_logprobs)
                 logp, ent, mask = response_logprobs(self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi],
                                                     self.tok.pad_token_id, temperature=cfg.temperature,
                                                     top_p=cfg.top_p, top_k=cfg.top_k)

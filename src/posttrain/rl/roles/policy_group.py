@@ -14,12 +14,12 @@ trained on; `update/skipped_rows` in the step's metrics counts the others.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
 from posttrain.rl import dispatch
+from posttrain.rl.ragged import take_rows
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.spmd import SPMDGroup
 from posttrain.rl.types import ModelPut, PolicySums, TrainBatch, UpdateStats, WeightsHandle, WorkerId
@@ -126,7 +126,7 @@ class PolicyGroup(SPMDGroup):
         sh = dispatch.shard(rows, lengths, len(self.workers), equal_size=True)
         n_micro = max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb))
         n_micro = min(n_micro, min(len(i) for i in sh.indices))
-        return [_take(batch, s) for s in sh.shards], (global_tokens, global_seqs, n_micro)
+        return [take_rows(batch, s) for s in sh.shards], (global_tokens, global_seqs, n_micro)
 
 
 def rows_with_gradient(batch: TrainBatch, rows: list[int], n_ranks: int) -> list[int]:
@@ -157,12 +157,3 @@ def mini_batch_rows(n: int, k: int, *, seed: int) -> list[list[int]]:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     bounds = [round(i * n / k) for i in range(k + 1)]
     return [sorted(perm[bounds[i]:bounds[i + 1]]) for i in range(k)]
-
-
-def _take(b: TrainBatch, idx: list[int]) -> TrainBatch:
-    """Rows `idx` of the batch; the loss and its aggregation travel with them."""
-    return dataclasses.replace(b, prompt_ids=[b.prompt_ids[i] for i in idx],
-                               response_ids=[b.response_ids[i] for i in idx],
-                               old_logprobs=[b.old_logprobs[i] for i in idx],
-                               ref_logprobs=[b.ref_logprobs[i] for i in idx] if b.ref_logprobs else None,
-                               advantages=[b.advantages[i] for i in idx])

@@ -3,7 +3,7 @@ copies for Ray's object store), their checksum, and - with `placement.rollout_wo
 themselves, sampled from its own model (rollout.PolicyRollout).
 
 `PolicyWeights` is a part of `policy.PolicyWorker` (a mixin), kept apart from the update: it reads the worker's
-`model`, `lora`, `sync_dtype`, `version`, `id`, `rank`, `tok`, `eos_ids` and `_autocast`, and keeps
+`model`, `lora`, `sync_dtype`, `version`, `id`, `rank`, `tok`, `eos_ids` and `bf16`, and keeps
 `_checksum`, the (version, checksum) the last update computed.
 
 With LoRA the rollout side gets the base with the adapters merged in (lora.MergedView), computed one tensor at
@@ -28,7 +28,7 @@ from posttrain.rl import weight_transfer
 from posttrain.rl.roles.rollout import trajectories
 from posttrain.rl.types import PromptBatch, Trajectories, WeightReport
 from posttrain.rl.weight_sync import weights_checksum
-from posttrain.spmd import parallel
+from posttrain.spmd import parallel, precision
 from posttrain.spmd.memory import return_free_memory
 
 
@@ -68,7 +68,7 @@ class PolicyWeights:
         t0 = time.perf_counter()
         self.model.eval()
         try:  # ranks stop generating at different steps: under FSDP2 the model is gathered once for all of them
-            with parallel.local_forwards(self.model), self._autocast(), torch.no_grad():
+            with parallel.local_forwards(self.model), precision.autocast(self.bf16), torch.no_grad():
                 gens = generate(self.model, prompts.prompt_ids, max_new_tokens=max_new_tokens,
                                 temperature=temperature, n=n, eos_id=self.eos_ids, pad_id=self.tok.pad_token_id,
                                 seed=seed + 7919 * self.rank, batch_size=self.cfg.policy_generate_batch or 512,

@@ -20,6 +20,7 @@ from posttrain.models.generate import Generation, generate
 from posttrain.models.io import eos_token_ids, load_model, load_tokenizer, local_device
 from posttrain.rl import weight_transfer
 from posttrain.rl.dispatch import split_even
+from posttrain.rl.ragged import take_rows
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.types import PromptBatch, Trajectories, WeightReport, WeightsHandle, WorkerId
@@ -149,7 +150,7 @@ class RolloutGroup:
     def generate(self, prompts: PromptBatch, *, n: int, temperature: float, max_new_tokens: int,
                  seed: int, top_p: float = 1.0, top_k: int = 0) -> Trajectories:
         parts = split_even(len(prompts.prompt_ids), len(self.workers))  # contiguous: keeps groups together
-        shards = [_slice(prompts, lo, hi) for lo, hi in parts]
+        shards = [take_rows(prompts, range(lo, hi)) for lo, hi in parts]
         refs = [w.generate.remote(s, n, temperature, max_new_tokens, seed, top_p, top_k)
                 for w, s in zip(self.workers, shards)]
         results: list[Trajectories] = gather(refs, self.ids, stage="rollout.generate", timeout_s=self.timeout_s)
@@ -189,9 +190,3 @@ class PolicyRollout(RolloutGroup):
 
     def __init__(self, policy):
         super().__init__(policy.workers, policy.ids, policy.timeout_s)
-
-
-def _slice(p: PromptBatch, lo: int, hi: int) -> PromptBatch:
-    return PromptBatch(policy_version=p.policy_version, example_ids=p.example_ids[lo:hi],
-                       prompt_ids=p.prompt_ids[lo:hi], answers=p.answers[lo:hi], tasks=p.tasks[lo:hi],
-                       messages=p.messages[lo:hi], columns=p.columns[lo:hi])
