@@ -1,5 +1,5 @@
-"""Channels and promotion: which model a channel holds, its pinned eval set and its decisions (channel.py), and
-the gate that evaluates a candidate and the holder on the same problems before promoting (judge.py)."""
+"""Channels: which model each holds, its pinned eval set, its decisions, and the gate's rule (channel.py). The
+stage that evaluates a candidate and the holder on the same problems, then asks the gate, is stages/gate.py."""
 
 from posttrain.promotion.channel import (
     Decision,
