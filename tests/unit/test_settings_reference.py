@@ -26,7 +26,7 @@ def test_every_setting_is_documented():
 def test_the_page_is_current_and_covers_every_setting():
     import dataclasses
 
-    from posttrain.config import PipelineConfig, RLConfig
+    from posttrain.config import PipelineConfig
 
     gen = _generator()
     page = (ROOT / "docs" / "settings.md").read_text()
@@ -37,7 +37,6 @@ def test_the_page_is_current_and_covers_every_setting():
         for f in dataclasses.fields(cls):
             assert f"| `{section}.{f.name}` |" in page, f"{section}.{f.name} missing from docs/settings.md"
     assert "| `model.lora.rank` |" in page and "| `data.tokenizer.vocab_size` |" in page  # nested sections
-    assert len([f for f in dataclasses.fields(RLConfig)]) > 40
     # the algorithms that read a setting come from validate's own table, the workflows from workflows/*.py
     lam = next(line for line in page.splitlines() if line.startswith("| `rl.lam` |"))
     assert lam.endswith("| ppo |"), lam

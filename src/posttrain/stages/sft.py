@@ -45,7 +45,7 @@ def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, data
     for named in ("reference", "teacher"):
         cfg.pop(named, None)
     parts = (model_part, cfg, dataset.id, tokenizer.id if tokenizer else None, start.id if start else None)
-    if objective == Objective.SFT:  # SFT's key as it always was: its cached models stay valid
+    if objective == Objective.SFT:  # SFT's key has no frozen-model part
         return store.cache_key("sft", *parts, source_digest("sft", "spmd", "models", "data/chat.py"))
     return store.cache_key(objective.value, *parts, frozen.id if frozen else None,
                            source_digest("sft", "spmd", "models", "data/chat.py"))
