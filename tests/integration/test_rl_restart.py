@@ -26,7 +26,9 @@ from posttrain.rl.roles.rollout import RolloutWorker
 pytestmark = pytest.mark.ray
 
 CFG = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, kl_coef=0.02, checkpoint_every=2,
-               remote_timeout_s=60)
+               warmup_steps=8, remote_timeout_s=60)
+"""A warm-up longer than the run: the resumed steps must take the schedule's rate for their version (a base rate
+kept in the optimizer's param groups came back from a DCP checkpoint as the last scaled rate)."""
 PLACEMENT = PlacementConfig(policy_workers=2, rollout_workers=1, reward_workers=1, reference_workers=1)
 TRACKING = TrackingConfig(wandb=False)
 METHOD = {"rollout": (RolloutWorker, "generate"), "reward": (RewardWorker, "score"),

@@ -292,9 +292,12 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
                           compute_s=time.perf_counter() - t0, drift=drift)
 
     def _set_lr(self) -> None:
-        scale = warmup_scale(self.version, self.cfg.warmup_steps)
+        """rl.lr times the warm-up factor of the current version. From the config, never from the optimizer's
+        param groups: a resumed optimizer holds only the keys a fresh one has (DCP loads into the target's keys),
+        so a base rate kept there came back as the last scaled rate."""
+        lr = self.lr * warmup_scale(self.version, self.cfg.warmup_steps)
         for g in self.opt.param_groups:
-            g["lr"] = g.setdefault("base_lr", g["lr"]) * scale
+            g["lr"] = lr
 
     def save_model(self, put: ModelPut) -> str | None:
         """Rank 0: the HF checkpoint of the current weights, stored as a `model` artifact (see PolicyGroup). Every
