@@ -6,9 +6,9 @@
 For each setting: its name as overrides spell it (`rl.clip_low`), type, default, documentation (the attribute
 docstring under the field in `src/posttrain/config/`; a field a subclass only re-defaults, like `dpo.lr`, takes its
 base class's), the workflows that read its section (found in `workflows/*.py`: each workflow's `p.<section>`
-accesses, through the helpers it calls), the algorithms that read an `rl` setting (the table `validate` enforces:
-`config/checks.py::_READ_BY`), and an algorithm's published default where it declares one
-(`config/algorithm_defaults.py::DEFAULTS`). `tests/unit/test_settings_reference.py` fails when the page is stale
+accesses, through the helpers it calls), the algorithms that read an `rl` setting (the table `validate` enforces,
+from the algorithms' declarations: `config/algorithms.py::read_by`), and an algorithm's published default where it
+declares one (`config/algorithms.py::DECLARED`). `tests/unit/test_settings_reference.py` fails when the page is stale
 or a setting has no documentation.
 """
 
@@ -125,7 +125,7 @@ def _nested(hint):
 def render() -> str:
     from posttrain.config import PipelineConfig
     from posttrain.config.algorithm_defaults import DEFAULTS
-    from posttrain.config.checks import _READ_BY
+    from posttrain.config.algorithms import read_by
 
     docs = field_docs()
     by_section = workflow_sections()
@@ -151,7 +151,7 @@ def render() -> str:
             lines += [section_doc, ""]
         lines += [f"`{cls.__name__}` (`{cls.__module__}`); read by the workflows: "
                   + (", ".join(f"`{w}`" for w in workflows) or "none directly") + ".", ""]
-        table = rows(f.name, cls, value, docs, _READ_BY, DEFAULTS)
+        table = rows(f.name, cls, value, docs, read_by(), DEFAULTS)
         any_readers = any(r[4] for r in table)
         header = ["setting", "type", "default", "meaning"] + (["read by (rl.algorithm)"] if any_readers else [])
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -8,21 +8,23 @@ All classes are frozen, keyword-only dataclasses: flytekit passes them between t
 nothing can mutate a config after `validate()` has accepted it. Recipes (`posttrain.recipes`) are functions
 that return a `PipelineConfig`.
 
-    enums.py      the closed sets of choices (DataFormat, Algorithm, PlacementMode, ...)
+    algorithms.py every rl.algorithm (the Algorithm enum) and its declaration: the settings only it reads, its
+                  published defaults, its roles (the rest of the config reads these)
+    enums.py      the other closed sets of choices (DataFormat, PlacementMode, ...)
     sections.py   one dataclass per part (DataConfig, SFTConfig, RLConfig, ...), each field documented
     dense.py      the dense objectives' parts beside SFT (PairsConfig, DPOConfig, RewardModelConfig, DistillConfig)
     pipeline.py   PipelineConfig, which holds them all, and objective_of
     serialize.py  to_dict / from_dict, and apply_overrides (JSON edits of a recipe)
-    algorithm_defaults.py  each rl.algorithm's published defaults for the rl settings a user leaves unset
+    algorithm_defaults.py  applies an algorithm's published defaults to the rl settings a user leaves unset
     checks.py     validate: every bad value or combination, with the field named, before work starts
 
 Everything is importable from `posttrain.config` directly.
 """
 
+from posttrain.config.algorithms import Algorithm
 from posttrain.config.checks import validate
 from posttrain.config.dense import DistillConfig, DPOConfig, PairsConfig, RewardModelConfig
 from posttrain.config.enums import (
-    Algorithm,
     Arch,
     Backend,
     DataFormat,

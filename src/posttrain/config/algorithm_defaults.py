@@ -1,9 +1,9 @@
 """Each algorithm's published defaults for the `rl` settings the user did not set.
 
-DEFAULTS is the one place they are declared: `rl.algorithm` -> {rl setting: Default(value, source)}. An
-algorithm missing from it, or a setting missing from its entry, runs with RLConfig's own default. A number is
-listed only where the paper (or the standard implementation) prescribes it and RLConfig's default does not fit
-the algorithm; DAPO's entry repeats RLConfig's clip defaults, which are DAPO's clip-higher, so a DAPO run keeps
+They are declared with each algorithm (algorithms.py: `Declared.defaults`); DEFAULTS gathers them:
+`rl.algorithm` -> {rl setting: Default(value, source)}. An algorithm missing from it, or a setting missing from
+its entry, runs with RLConfig's own default. A number is listed only where the paper (or the standard
+implementation) prescribes it and RLConfig's default does not fit the algorithm; DAPO's entry repeats RLConfig's clip defaults, which are DAPO's clip-higher, so a DAPO run keeps
 them whatever RLConfig's defaults become.
 
 How they are applied (`posttrain.recipes.resolve`, once, after the overrides and before `validate`):
@@ -19,33 +19,15 @@ How they are applied (`posttrain.recipes.resolve`, once, after the overrides and
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 
-from posttrain.config.enums import Algorithm
+from posttrain.config.algorithms import DECLARED, Algorithm, Default
 from posttrain.config.pipeline import PipelineConfig
 from posttrain.config.rl_sections import RLConfig
 
-
-@dataclass(frozen=True)
-class Default:
-    value: object
-    """The value the setting takes under the algorithm when the user did not set it."""
-    source: str
-    """Where the number comes from."""
-
-
-DEFAULTS: dict[Algorithm, dict[str, Default]] = {
-    Algorithm.GSPO: {
-        "clip_low": Default(3e-4, "Zheng et al. 2025 (GSPO), experimental setup: left clipping range 3e-4"),
-        "clip_high": Default(4e-4, "Zheng et al. 2025 (GSPO), experimental setup: right clipping range 4e-4"),
-    },
-    Algorithm.DAPO: {
-        "clip_low": Default(0.2, "Yu et al. 2025 (DAPO), Clip-Higher: eps_low 0.2"),
-        "clip_high": Default(0.28, "Yu et al. 2025 (DAPO), Clip-Higher: eps_high 0.28"),
-    },
-}
-"""rl.algorithm -> {rl setting name: its published default}: what a run of that algorithm uses for a setting the
-user left unset (see the module docstring)."""
+DEFAULTS: dict[Algorithm, dict[str, Default]] = {a: d.defaults for a, d in DECLARED.items() if d.defaults}
+"""rl.algorithm -> {rl setting name: its published default} (declared in algorithms.py): what a run of that
+algorithm uses for a setting the user left unset (see the module docstring)."""
 
 
 def explicit_settings(recipe: PipelineConfig, overrides: dict) -> set[str]:

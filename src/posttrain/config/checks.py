@@ -6,10 +6,9 @@ from __future__ import annotations
 import importlib.util
 import math
 
-from posttrain.config.algorithm_defaults import DEFAULTS
+from posttrain.config.algorithms import DECLARED, Algorithm, declared, read_by
 from posttrain.config.dense import DistillConfig, DPOConfig, PairsConfig
 from posttrain.config.enums import (
-    Algorithm,
     DataSchema,
     DistillLoss,
     DPOLoss,
@@ -226,8 +225,9 @@ def _used_only_by(r: RLConfig, name: str, algorithms: tuple[Algorithm, ...], why
 def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.steps >= 1, "rl.steps", "must be >= 1")
     _check(r.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
-    _check(r.algorithm in (Algorithm.PPO, Algorithm.REINFORCE_PP) or r.samples_per_prompt >= 2
-           or (r.algorithm == Algorithm.ON_POLICY_DISTILL and r.distill_reward_weight == 0),
+    algo = declared(r.algorithm)
+    _check(not algo.groups or r.samples_per_prompt >= 2
+           or (bool(algo.groups_off_at_zero) and getattr(r, algo.groups_off_at_zero) == 0),
            "rl.samples_per_prompt", f"must be >= 2 ({r.algorithm.value!r} compares each sample with its group)")
     _check(r.samples_per_prompt >= 1, "rl.samples_per_prompt", "must be >= 1")
     _check(r.temperature > 0, "rl.temperature", "must be > 0")
@@ -258,20 +258,9 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check_rl_algorithm(r)
 
 
-_ALL = tuple(Algorithm)
-_READ_BY: dict[str, tuple[tuple[Algorithm, ...], str]] = {
-    **{name: ((Algorithm.PPO,), "") for name in ("kl_in_reward", "lam", "critic_lr", "critic_warmup_steps",
-                                                  "critic_init", "value_clip")},
-    "gamma": ((Algorithm.PPO, Algorithm.REINFORCE_PP), ""),
-    "std_normalize": ((Algorithm.GRPO, Algorithm.GSPO, Algorithm.DAPO, Algorithm.ON_POLICY_DISTILL), ""),
-    **{name: ((Algorithm.DAPO,), "") for name in ("max_extra_draws", "overlong_buffer", "overlong_penalty")},
-    **{name: ((Algorithm.ON_POLICY_DISTILL,), "") for name in ("teacher", "distill_reward_weight")},
-    "loss_agg": (tuple(a for a in _ALL if a not in (Algorithm.DR_GRPO, Algorithm.GSPO)),
-                 "dr_grpo and gspo aggregate their own way"),
-    "clip_ratio_c": (tuple(a for a in _ALL if a != Algorithm.GSPO), "gspo clips a sequence-level ratio, without dual-clip"),
-}
-"""rl.* setting -> (the algorithms that read it, why the others do not): under any other algorithm it must keep
-its default (a setting that does nothing is refused)."""
+_READ_BY = read_by()
+"""rl.* setting -> (the algorithms that read it, why the others do not), from the algorithms' declarations: under
+any other algorithm it must keep its default (a setting that does nothing is refused)."""
 
 
 def _check_rl_algorithm(r: RLConfig) -> None:
@@ -282,7 +271,7 @@ def _check_rl_algorithm(r: RLConfig) -> None:
     _check(0 <= r.lam <= 1, "rl.lam", "must be in [0, 1]")
     _check(r.critic_lr > 0, "rl.critic_lr", "must be > 0")
     _check(r.critic_warmup_steps >= 0, "rl.critic_warmup_steps", "must be >= 0")
-    _check(r.algorithm != Algorithm.PPO or r.critic_warmup_steps < r.steps, "rl.critic_warmup_steps",
+    _check(r.critic_warmup_steps < r.steps, "rl.critic_warmup_steps",
            f"must be < rl.steps = {r.steps} (the policy would never train)")
     _check(r.value_clip > 0, "rl.value_clip", "must be > 0")
     _check(not r.kl_in_reward or r.kl_coef > 0, "rl.kl_in_reward", "needs rl.kl_coef > 0")
@@ -290,14 +279,15 @@ def _check_rl_algorithm(r: RLConfig) -> None:
     _check(0 <= r.overlong_buffer <= r.max_new_tokens, "rl.overlong_buffer",
            f"must be in [0, rl.max_new_tokens = {r.max_new_tokens}] (0: off)")
     _check(r.overlong_penalty >= 0, "rl.overlong_penalty", "must be >= 0")
-    _check(r.algorithm != Algorithm.ON_POLICY_DISTILL or bool(r.teacher.strip()), "rl.teacher",
-           "on_policy_distill needs a teacher: an artifact id, a local HF folder or channel:NAME")
+    algo = declared(r.algorithm)
+    _check(not algo.teacher or bool(r.teacher.strip()), "rl.teacher",
+           f"{r.algorithm.value} needs a teacher: an artifact id, a local HF folder or channel:NAME")
     _check(r.distill_reward_weight >= 0, "rl.distill_reward_weight", "must be >= 0")
-    gspo = DEFAULTS[Algorithm.GSPO]
-    _check(r.algorithm != Algorithm.GSPO or max(r.clip_low, r.clip_high) <= 0.05, "rl.clip_low / rl.clip_high",
-           f"gspo clips the sequence-level ratio, whose deviations from 1 are ~1e-3: {r.clip_low} / {r.clip_high} "
-           f"would almost never clip; the paper uses {gspo['clip_low'].value:g} / {gspo['clip_high'].value:g} "
-           f"(gspo's defaults: leave both unset to take them)")
+    if algo.clip is not None:
+        _check(max(r.clip_low, r.clip_high) <= algo.clip.largest, "rl.clip_low / rl.clip_high",
+               f"{algo.clip.why}: {r.clip_low} / {r.clip_high} would almost never clip; the paper uses "
+               f"{algo.defaults['clip_low'].value:g} / {algo.defaults['clip_high'].value:g} "
+               f"({r.algorithm.value}'s defaults: leave both unset to take them)")
 
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
@@ -319,8 +309,9 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
     _check(p.critic_workers >= 0, "placement.critic_workers", "must be >= 0 (0: as many as policy_workers)")
     _check(p.reward_model_workers >= 1, "placement.reward_model_workers", "must be >= 1")
     _check(p.teacher_workers >= 1, "placement.teacher_workers", "must be >= 1")
-    _check(p.critic_workers == 0 or r.algorithm == Algorithm.PPO, "placement.critic_workers",
-           "only means something with rl.algorithm 'ppo'")
+    _check(p.critic_workers == 0 or declared(r.algorithm).critic, "placement.critic_workers",
+           "only means something with rl.algorithm " + " / ".join(repr(a.value) for a in DECLARED
+                                                                 if DECLARED[a].critic))
     _check(p.torch_threads >= 1, "placement.torch_threads", "must be >= 1")
     _check(p.rollout_threads >= 0, "placement.rollout_threads", "must be >= 0 (0: the same as torch_threads)")
     _check(p.malloc_arena_max >= 0, "placement.malloc_arena_max", "must be >= 0 (0: glibc's default)")

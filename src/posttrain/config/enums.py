@@ -1,4 +1,5 @@
-"""The closed sets of choices a config field can take (stored by value in JSON and manifests)."""
+"""The closed sets of choices a config field can take (stored by value in JSON and manifests); rl.algorithm's
+live with their declarations in algorithms.py."""
 
 from __future__ import annotations
 
@@ -39,17 +40,6 @@ class Backend(enum.Enum):
     AUTO = "auto"  # nccl when CUDA is available, gloo otherwise
     GLOO = "gloo"
     NCCL = "nccl"
-
-
-class Algorithm(enum.Enum):
-    GRPO = "grpo"  # group-normalised outcome advantages (Shao et al. 2024)
-    PPO = "ppo"  # a critic, GAE (Schulman et al. 2017)
-    RLOO = "rloo"  # leave-one-out group baseline (Ahmadian et al. 2024)
-    REINFORCE_PP = "reinforce_pp"  # token returns with the KL in the reward, whitened over the batch (Hu 2025)
-    DR_GRPO = "dr_grpo"  # GRPO without std normalisation, constant token normaliser (Liu et al. 2025)
-    GSPO = "gspo"  # length-normalised sequence-level ratio and clipping (Zheng et al. 2025)
-    DAPO = "dapo"  # clip-higher, dynamic sampling, soft overlong punishment, token-mean loss (Yu et al. 2025)
-    ON_POLICY_DISTILL = "on_policy_distill"  # per-token reverse KL to a teacher as the advantage (Agarwal 2024)
 
 
 class Objective(enum.Enum):

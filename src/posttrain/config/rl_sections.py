@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from posttrain.config.algorithms import Algorithm
 from posttrain.config.enums import (
-    Algorithm,
     KLEstimator,
     LossAgg,
     MismatchCorrection,

@@ -6,8 +6,9 @@ teacher's per-token log-probs).
 ALGORITHMS maps `rl.algorithm` to its loop class and the phases its step runs, in order (the RL page stacks the
 phase times in this order). A loop class has `Roles`, a frozen dataclass naming the role groups it reads (the
 controller fills it from the run's groups by field name; an optional role is a field with a default), and
-`step(prompts, run) -> StepOutcome` (loops/common.py). An algorithm's published defaults
-for rl settings (gspo's clip range, ...) are config, applied at plan: posttrain.config.algorithm_defaults.
+`step(prompts, run) -> StepOutcome` (loops/common.py). What the config knows of an algorithm - the settings only
+it reads, its published defaults (gspo's clip range, ...), its critic or teacher - is declared with its enum
+member (posttrain.config.algorithms); a row here is the other place an algorithm is named.
 """
 
 from __future__ import annotations

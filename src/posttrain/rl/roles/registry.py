@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig
+from posttrain.config.algorithms import declared
 
 if TYPE_CHECKING:
     from posttrain.rl.roles.critic import CriticWorker
@@ -254,7 +255,7 @@ ROLES: dict[str, RoleSpec] = {
         worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s))),
     "teacher": RoleSpec(
         name="teacher", worker=_teacher_worker, group=_teacher_group, trains=False, kuberay_group="train",
-        workers=lambda s: s.placement.teacher_workers, enabled=lambda s: s.rl.algorithm.value == "on_policy_distill",
+        workers=lambda s: s.placement.teacher_workers, enabled=lambda s: declared(s.rl.algorithm).teacher,
         worker_args=lambda s, rank, n: (s.rl.teacher, s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s)),
         reads_models=(ModelSetting("rl", "teacher"),)),
     "policy": RoleSpec(
@@ -265,7 +266,7 @@ ROLES: dict[str, RoleSpec] = {
     "critic": RoleSpec(
         name="critic", worker=_critic_worker, group=_critic_group, trains=True,
         kuberay_group="train", workers=lambda s: s.placement.critic_workers or s.placement.policy_workers,
-        enabled=lambda s: s.rl.algorithm.value == "ppo",
+        enabled=lambda s: declared(s.rl.algorithm).critic,
         worker_args=lambda s, rank, n: (s.rl.critic_init or s.start_model_dir, s.rl, rank, n, s.model,
                                         s.placement.torch_threads),
         group_args=lambda ctx: {"micro_batch_size": ctx.settings.rl.micro_batch_size,
