@@ -114,8 +114,8 @@ BEGIN, END = "<!-- dense_seeds:begin -->", "<!-- dense_seeds:end -->"
 
 
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -> str:
-    lines = ["| seed | SFT greedy | DPO greedy (pairs) | reward model pairwise acc. (held-out pairs) "
-             "| RL teacher greedy | distilled student greedy | wall: pipeline / DPO / RM / KD |",
+    lines = [("| seed | SFT greedy | DPO greedy (pairs) | reward model pairwise acc. (held-out pairs) "
+              "| RL teacher greedy | distilled student greedy | wall: pipeline / DPO / RM / KD |"),
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         w = r["wall_s"]

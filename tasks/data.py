@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from flytekit import Deck, Resources, task
 
@@ -11,7 +11,10 @@ from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import DataConfig
 from tasks.errors import stage_errors
 
-DataOut = NamedTuple("DataOut", [("dataset", ArtifactRef), ("tokenizer", Optional[ArtifactRef])])
+
+class DataOut(NamedTuple):
+    dataset: ArtifactRef
+    tokenizer: ArtifactRef | None
 
 
 @task(container_image=cpu_image, requests=Resources(cpu="2", mem="4Gi"), enable_deck=True)

@@ -6,8 +6,6 @@ files always give the same id, and a second run copies nothing.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from flytekit import Deck, Resources, task
 
 from images.specs import cpu_image
@@ -17,7 +15,7 @@ from tasks.errors import stage_errors
 
 
 @task(container_image=cpu_image, requests=Resources(cpu="1", mem="2Gi"), enable_deck=True)
-def start_model(model: ModelConfig, run_id: str) -> Optional[ArtifactRef]:
+def start_model(model: ModelConfig, run_id: str) -> ArtifactRef | None:
     """`model.artifact` or the stored `model.base_path` folder; None for a from-scratch model. Deck: the
     model's page (its own training curves when it came out of an earlier SFT or RL run)."""
     from posttrain import stages
@@ -32,7 +30,7 @@ def start_model(model: ModelConfig, run_id: str) -> Optional[ArtifactRef]:
 
 
 @task(container_image=cpu_image)
-def given_model(start: Optional[ArtifactRef]) -> ArtifactRef:
+def given_model(start: ArtifactRef | None) -> ArtifactRef:
     """The start model, where a workflow needs one (evaluation alone, or RL with sft.enabled=false)."""
     if start is None:
         from posttrain.config import ConfigError

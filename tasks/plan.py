@@ -34,12 +34,23 @@ from posttrain.config import (
 )
 from tasks import settings
 
-Plan = NamedTuple("Plan", [("run_id", str), ("data", DataConfig), ("model", ModelConfig), ("sft", SFTConfig),
-                           ("eval", EvalConfig), ("rl", RLConfig), ("reward", RewardConfig),
-                           ("placement", PlacementConfig),
-                           ("tracking", TrackingConfig), ("sft_enabled", bool), ("pairs", PairsConfig),
-                           ("dpo", DPOConfig), ("reward_model", RewardModelConfig), ("distill", DistillConfig),
-                           ("pairs_from_samples", bool)])
+
+class Plan(NamedTuple):
+    run_id: str
+    data: DataConfig
+    model: ModelConfig
+    sft: SFTConfig
+    eval: EvalConfig
+    rl: RLConfig
+    reward: RewardConfig
+    placement: PlacementConfig
+    tracking: TrackingConfig
+    sft_enabled: bool
+    pairs: PairsConfig
+    dpo: DPOConfig
+    reward_model: RewardModelConfig
+    distill: DistillConfig
+    pairs_from_samples: bool
 """`sft_enabled` repeats `sft.enabled` as a plain bool: Flyte's `conditional` compares only primitive outputs.
 `pairs_from_samples`: the data are prompts, so dpo_pipeline and reward_model_pipeline make preference pairs from
 the SFT model's samples; false for preference data (data.schema 'preference'), which are the pairs."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Optional
 
 from flytekit import Deck, task
 
@@ -27,7 +26,7 @@ class Promotion:
 
 
 @task(container_image=cpu_image)
-def retrain_run_id(kickoff_time: Optional[datetime.datetime]) -> str:
+def retrain_run_id(kickoff_time: datetime.datetime | None) -> str:
     """The run id of a retrain: `nightly-<kickoff time, UTC>` when a schedule started it (every artifact
     of the run records it), else a fresh id."""
     from posttrain.artifacts.run_ids import new_run_id

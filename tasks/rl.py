@@ -16,8 +16,6 @@ settings, stale weights, drift, non-finite numbers, a failing reward) is not ret
 
 from __future__ import annotations
 
-from typing import Optional
-
 from flytekit import Deck, PodTemplate, Resources, task
 from flytekit.core.resources import pod_spec_from_resources
 from flytekitplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
@@ -28,7 +26,6 @@ from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfi
 from posttrain.rl.placement import group_resource_start_params
 from tasks import settings
 from tasks.errors import stage_errors
-
 
 
 def ray_pod(container: str, requests: Resources, shm: str) -> PodTemplate:
@@ -65,7 +62,7 @@ ray_config = RayJobConfig(
       retries=settings.TASK_RETRIES, enable_deck=True)
 def rl(rl: RLConfig, reward: RewardConfig, placement: PlacementConfig, model: ModelConfig, tracking: TrackingConfig,
        start_model: ArtifactRef, dataset: ArtifactRef, run_id: str,
-       reward_model: Optional[ArtifactRef] = None) -> ArtifactRef:
+       reward_model: ArtifactRef | None = None) -> ArtifactRef:
     """Deck: the final model's page (per-step curves and phase times), or the start model's when RL is off.
     `reward_model`: a reward model the workflow trained (rlhf_pipeline); it scores beside `reward.models`."""
     from flytekit.exceptions.user import FlyteRecoverableException

@@ -13,8 +13,6 @@ retried by Flyte (`retries`).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from flytekit import Deck, Resources, task
 from flytekitplugins.kfpytorch import Elastic
 
@@ -36,7 +34,7 @@ SPMD = {
 
 
 def _train(stage: str, model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, dataset: ArtifactRef,
-           tokenizer: Optional[ArtifactRef], run_id: str, start_model: Optional[ArtifactRef]) -> Optional[ArtifactRef]:
+           tokenizer: ArtifactRef | None, run_id: str, start_model: ArtifactRef | None) -> ArtifactRef | None:
     from posttrain import stages
     from posttrain.artifacts import ArtifactStore
     from posttrain.report import render_page
@@ -65,7 +63,7 @@ def reward_model(model: ModelConfig, reward_model: RewardModelConfig, tracking: 
 
 @task(**SPMD)
 def distill(model: ModelConfig, distill: DistillConfig, tracking: TrackingConfig, dataset: ArtifactRef, run_id: str,
-            start_model: Optional[ArtifactRef] = None) -> ArtifactRef:
+            start_model: ArtifactRef | None = None) -> ArtifactRef:
     """The student (`start_model`, or a fresh model of `model` with the teacher's tokenizer) distilled from
     distill.teacher on the dataset's demonstrations."""
     return _train("distill", model, distill, tracking, dataset, None, run_id, start_model)
@@ -73,7 +71,7 @@ def distill(model: ModelConfig, distill: DistillConfig, tracking: TrackingConfig
 
 @task(**SPMD)
 def sft(model: ModelConfig, sft: SFTConfig, tracking: TrackingConfig, dataset: ArtifactRef,
-        tokenizer: Optional[ArtifactRef], run_id: str, start_model: Optional[ArtifactRef] = None) -> ArtifactRef:
+        tokenizer: ArtifactRef | None, run_id: str, start_model: ArtifactRef | None = None) -> ArtifactRef:
     """`start_model`: the model to fine-tune (tasks/model.py); left out, it is resolved from `model` here.
     Deck: the model's training curves (rank 0 makes it; Elastic hands rank 0's Decks to the task)."""
     return _train("sft", model, sft, tracking, dataset, tokenizer, run_id, start_model)

@@ -86,7 +86,7 @@ def tiny_sft_model(request):
         env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(29000 + os.getpid() % 1000), "OMP_NUM_THREADS": "2"}
         proc = subprocess.run([sys.executable, "-c", _FIXTURE_SCRIPT, str(root), str(TINY_SFT_STEPS)], env=env,
-                              capture_output=True, text=True, timeout=850)
+                              capture_output=True, check=False, text=True, timeout=850)
         assert proc.returncode == 0, f"fixture SFT failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return {"dataset_dir": root / "dataset", "tokenizer_dir": root / "tokenizer", "model_dir": root / "model",
             "root": root}

@@ -87,7 +87,7 @@ def build_store(tmp: Path) -> tuple[ArtifactStore, dict[str, str]]:
 
 
 TINY = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64, max_seq_len=40)
-_STEPS = dict(steps=4, global_batch_size=8, micro_batch_size=8, nproc=1, warmup_steps=0, save_every=0)
+_STEPS = {"steps": 4, "global_batch_size": 8, "micro_batch_size": 8, "nproc": 1, "warmup_steps": 0, "save_every": 0}
 
 
 @contextlib.contextmanager
@@ -135,7 +135,7 @@ def build_dense(store: ArtifactStore) -> dict[str, str]:
     track = TrackingConfig(wandb=False)
     with _one_rank():
         d = stages.data_prep(data, require_completions=True, run_id="dense", store=store)
-        common = dict(tokenizer=d.tokenizer, run_id="dense", store=store)
+        common = {"tokenizer": d.tokenizer, "run_id": "dense", "store": store}
         sft = stages.train(TINY, SFTConfig(**_STEPS, lr=1e-2), track, dataset=d.dataset, **common)
         pairs = stages.pairs(PairsConfig(samples_per_prompt=4, max_prompts=24, eval_prompts=12, max_new_tokens=4,
                                          batch_size=64), RewardConfig(fn="tests.report_inputs:even_length"),

@@ -13,7 +13,6 @@ The promote task's output says promoted or refused and why; every decision is a 
 from __future__ import annotations
 
 import datetime
-from typing import Optional
 
 from flytekit import conditional, workflow
 
@@ -27,7 +26,7 @@ from tasks.sft import sft
 
 @workflow
 def retrain(recipe: str = "tiny_cpu", overrides: str = "", channel: str = "production", min_accuracy: float = 0.5,
-            tolerance: float = 0.0, kickoff_time: Optional[datetime.datetime] = None) -> Promotion:
+            tolerance: float = 0.0, kickoff_time: datetime.datetime | None = None) -> Promotion:
     p = plan(recipe=recipe, overrides=overrides, run_id=retrain_run_id(kickoff_time=kickoff_time))
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     s = start_model(model=p.model, run_id=p.run_id)

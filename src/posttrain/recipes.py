@@ -8,8 +8,8 @@ published defaults (posttrain.config.algorithm_defaults) and validates the resul
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from posttrain.config import (
     Algorithm,

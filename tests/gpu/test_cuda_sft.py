@@ -44,7 +44,7 @@ print("RESULT", m["tokens_per_s"], r.greedy_accuracy, r.generated_tokens_per_s)
 def test_cuda_sft_with_nccl_and_bf16_learns(tmp_path, device):
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
     p = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), device], capture_output=True, text=True,
-                       timeout=600, cwd=ROOT, env=env)
+                       check=False, timeout=600, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     tokens_per_s, acc, gen_tps = map(float, p.stdout.split("RESULT")[1].split())
     print(f"{device} sft tokens/s {tokens_per_s:.0f}, greedy {acc:.3f}, eval generation tokens/s {gen_tps:.0f}")

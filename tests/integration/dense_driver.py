@@ -25,9 +25,9 @@ from posttrain.data.examples import read_examples
 from posttrain.models.io import load_model, load_tokenizer
 from posttrain.rl.weight_sync import weights_checksum
 from posttrain.sft.batching import collate
-from posttrain.spmd.dist import init_distributed
 from posttrain.sft.objectives import objective_for
 from posttrain.sft.trainer import build_trainee, make_optimizer, train_step, wrap
+from posttrain.spmd.dist import init_distributed
 
 MODEL = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=64, max_seq_len=40)
 CONFIGS = {"dpo": DPOConfig, "reward_model": RewardModelConfig, "distill": DistillConfig}

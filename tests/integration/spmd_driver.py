@@ -18,8 +18,8 @@ from posttrain.models.io import load_tokenizer
 from posttrain.models.lora import add_adapters
 from posttrain.models.tiny import build_model
 from posttrain.sft.batching import collate
-from posttrain.spmd.dist import init_distributed
 from posttrain.sft.trainer import Shards, make_optimizer, train_step, wrap
+from posttrain.spmd.dist import init_distributed
 
 
 def main() -> None:

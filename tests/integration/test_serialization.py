@@ -36,7 +36,7 @@ print("JSON" + json.dumps(out, default=str))
 
 def _serialize(env: dict[str, str]) -> dict:
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("JSON"))
     return json.loads(line[4:])

@@ -35,7 +35,7 @@ def small_data(tmp_path_factory):
 def torchrun(nproc: int, *args, timeout=240, env=None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            *map(str, args)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    p = subprocess.run(cmd, capture_output=True, check=False, text=True, timeout=timeout, cwd=ROOT,
                        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})})
     assert p.returncode == 0, stderr_excerpt(p.stderr)
     return p
@@ -80,7 +80,8 @@ def test_ranks_see_different_data_and_hold_identical_weights(tmp_path, small_dat
     for step in range(3):
         a, b = set(ranks[0]["seen"][step]), set(ranks[1]["seen"][step])
         assert a and b and not a & b
-    assert not set(sum(ranks[0]["seen"], [])) & set(sum(ranks[1]["seen"], []))  # nothing twice in the epoch
+    seen = [{i for batch in r["seen"] for i in batch} for r in ranks[:2]]
+    assert not seen[0] & seen[1]  # nothing twice in the epoch
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
     assert ranks[0]["losses"] == ranks[1]["losses"]
 

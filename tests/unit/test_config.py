@@ -135,8 +135,10 @@ def test_type_engine_round_trip_of_whole_pipeline_and_optional_handle():
     cfg = resolve("tiny_chain", '{"data": {"files": [], "task": "chain"}}')
     assert _roundtrip(cfg, PipelineConfig) == cfg
     ref = ArtifactRef(kind="dataset", id="ab" * 32, name="x", store="/tmp/s")
-    assert _roundtrip(ref, typing.Optional[ArtifactRef]) == ref
-    assert _roundtrip(None, typing.Optional[ArtifactRef]) is None
+    # typing.Optional is a runtime value here, not an annotation: Flyte's TypeEngine is asked about that exact
+    # object (`ArtifactRef | None` is a different one, types.UnionType), so UP045's rewrite would change the test.
+    assert _roundtrip(ref, typing.Optional[ArtifactRef]) == ref  # noqa: UP045 (runtime value; see above)
+    assert _roundtrip(None, typing.Optional[ArtifactRef]) is None  # noqa: UP045 (runtime value; see above)
     assert _roundtrip(RLConfig(algorithm=Algorithm.GRPO), RLConfig).algorithm is Algorithm.GRPO
 
 

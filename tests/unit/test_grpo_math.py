@@ -59,7 +59,7 @@ def test_shard_losses_and_gradients_sum_to_the_full_batch(agg, shards):
     mask = (torch.arange(T)[None] < lengths[:, None]).float()
     theta = torch.randn(B, T, requires_grad=True)
     old, ref, adv = torch.randn(B, T) * 0.1, torch.randn(B, T) * 0.1, torch.randn(B)
-    kw = dict(clip_low=0.2, clip_high=0.28, loss_agg=agg, kl_coef=0.1, kl_estimator=KLEstimator.K3)
+    kw = {"clip_low": 0.2, "clip_high": 0.28, "loss_agg": agg, "kl_coef": 0.1, "kl_estimator": KLEstimator.K3}
     full, _ = policy_loss(theta * 0.1, old, adv, mask, ref_logp=ref, **kw)
     (g_full,) = torch.autograd.grad(full, theta)
     norm = float(mask.sum()) if agg == LossAgg.TOKEN_MEAN else float(B)

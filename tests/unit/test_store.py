@@ -37,14 +37,14 @@ def test_tampering_is_detected_by_get_and_by_the_cli(tmp_path):
     ref = store.put("model", "m", _folder(tmp_path, "m", {"model.safetensors": "weights", "config.json": "{}"}),
                     run_id="r", parents=[], config={})
     ok = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(tmp_path / "home"), "verify",
-                         ref.id[:10]], capture_output=True, text=True, timeout=60)
+                         ref.id[:10]], capture_output=True, check=False, text=True, timeout=60)
     assert ok.returncode == 0 and "ok" in ok.stdout
     f = store.get(ref) / "model.safetensors"
     f.write_bytes(b"Weights")  # one byte changed
     with pytest.raises(ArtifactIntegrityError, match="model.safetensors"):
         store.get(ref)
     bad = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(tmp_path / "home"), "verify",
-                          ref.id[:10]], capture_output=True, text=True, timeout=60)
+                          ref.id[:10]], capture_output=True, check=False, text=True, timeout=60)
     assert bad.returncode != 0 and "model.safetensors" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -69,11 +69,11 @@ def test_lineage_links_the_right_ids_and_index_rebuilds_from_manifests(tmp_path)
             [m.id for m in fresh.list(kind="model")]) == before
     assert fresh.rebuild_index() == 4
     out = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(home), "lineage", ev.id[:8]],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, check=False, text=True, timeout=60)
     assert out.returncode == 0 and all(i.id[:12] in out.stdout for i in (ev, model, ds, tok))
     assert "sft.steps=5" in out.stdout and "greedy_accuracy=0.5" in out.stdout
     js = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(home), "artifacts", "list",
-                         "--run", "run-1", "--json"], capture_output=True, text=True, timeout=60)
+                         "--run", "run-1", "--json"], capture_output=True, check=False, text=True, timeout=60)
     import json
 
     assert sorted(m["id"] for m in json.loads(js.stdout)) == sorted([ds.id, tok.id])

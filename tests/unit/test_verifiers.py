@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from posttrain.config import RewardConfig
 from posttrain.data.verifiers import parse_number, score
 from posttrain.rewards import RewardSample, RewardScorer
-from posttrain.config import RewardConfig
 
 PIECES = ["####", "#", "0", "1", "7", "9", "12", "999", ",", ",000", ".", "e", "E", "e999", "e-999", "-", "+", "$",
           " ", "\n", "\t", "inf", "Infinity", "nan", "NaN", "1e999", "-1e999", "1_000", "0x1f", "\x00", "é", "٣",

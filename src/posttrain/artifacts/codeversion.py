@@ -19,10 +19,10 @@ def code_version() -> dict:
     commit = dirty = None
     try:
         commit = subprocess.run(["git", "-C", str(_REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None
+                                check=False, timeout=10).stdout.strip() or None
         if commit:
             status = subprocess.run(["git", "-C", str(_REPO), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=10).stdout
+                                    capture_output=True, check=False, text=True, timeout=10).stdout
             dirty = bool(status.strip())
     except (OSError, subprocess.SubprocessError):
         pass

@@ -47,7 +47,7 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Manifest":
+    def from_json(cls, text: str) -> Manifest:
         data = json.loads(text)
         if data.get("schema_version", 0) > SCHEMA_VERSION:
             raise ValueError(f"manifest schema_version {data['schema_version']} is newer than this code "

@@ -8,5 +8,5 @@ import secrets
 
 def new_run_id() -> str:
     """A sortable, unique run id such as "20261122-101502-3f9a1c"."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     return f"{now}-{secrets.token_hex(3)}"

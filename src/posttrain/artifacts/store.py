@@ -69,7 +69,7 @@ def default_root() -> str:
 @dataclass(frozen=True, kw_only=True)
 class LineageNode:
     manifest: Manifest
-    parents: list["LineageNode"]
+    parents: list[LineageNode]
 
 
 class ArtifactStore:
@@ -121,7 +121,7 @@ class ArtifactStore:
             return ref  # same kind, content and parents: the first manifest (its run, name, config) stays
         manifest = Manifest(
             kind=kind, id=id_, name=name, run_id=run_id, parents=list(parents), config=config,
-            created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             code=codeversion.code_version(), environment=codeversion.environment(world_size),
             metrics=metrics or {}, extra=extra or {}, files=files)
         if self.local:

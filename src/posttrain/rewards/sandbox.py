@@ -287,8 +287,8 @@ class RewardProcess:
             return [(0.0, f"reward process {why}; replaced")] * n
         if reply["status"] == "out_of_memory":
             self._restart()
-            return [(0.0, f"{reply['error']}: over reward.memory_mb = {self.limits.memory_mb} "
-                          "(reward process replaced)")] * n
+            return [(0.0, (f"{reply['error']}: over reward.memory_mb = {self.limits.memory_mb} "
+                           "(reward process replaced)"))] * n
         if reply["status"] == "raised":
             return [(0.0, reply["error"])] * n
         return [(float(s), f) for s, f in reply["results"]]
