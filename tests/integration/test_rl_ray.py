@@ -92,7 +92,7 @@ def test_every_actor_runs_in_its_roles_bundle(ray_local, mode):
     assert total <= ray.available_resources()["CPU"] + 1e-6  # fits by construction: no silent hang
     pgs = pl.create_placement_groups(plan, timeout_s=30)
     try:
-        actors = {role: pl.create_role_actors(Probe, rp, pgs, lambda rank, role=role: (role, rank))
+        actors = {role: pl.create_role_actors(Probe, rp, pgs, lambda rank, role=role: {"role": role, "rank": rank})
                   for role, rp in plan.roles.items()}
         seen = ray.get([a.where.remote() for acts in actors.values() for a in acts], timeout=60)
         for role, rank, pg_id, bundle in seen:
@@ -126,7 +126,7 @@ def test_role_workers_start_with_the_configured_malloc_arenas(ray_local, arenas)
     pgs = pl.create_placement_groups(plan, timeout_s=30)
     try:
         actors = [a for role, rp in plan.roles.items()
-                  for a in pl.create_role_actors(Probe, rp, pgs, lambda rank, role=role: (role, rank))]
+                  for a in pl.create_role_actors(Probe, rp, pgs, lambda rank, role=role: {"role": role, "rank": rank})]
         seen = ray.get([a.malloc.remote() for a in actors], timeout=60)
         assert len(seen) == 4
         inherited = os.environ.get("MALLOC_ARENA_MAX")

@@ -73,10 +73,10 @@ class StaleRolloutWorker(RolloutWorker):
     """Acknowledges each new version but pushes the START weights back into its engine right after (a dropped
     transfer) - works for any engine, vLLM's included, whose weights cannot be read back."""
 
-    def __init__(self, model_dir, *args):
+    def __init__(self, model_dir, *args, **kwargs):
         from posttrain.models.io import load_model
 
-        super().__init__(model_dir, *args)
+        super().__init__(model_dir, *args, **kwargs)
         self._start = load_model(model_dir).state_dict()
 
     def load_weights(self, state, version: int) -> WeightReport:

@@ -3,7 +3,7 @@
     plan = plan_placement(placement_cfg, counts=registry.role_counts(settings), available=ray.available_resources(),
                           nodes=cluster_nodes())
     pgs = create_placement_groups(plan, timeout_s=60)          # fails fast instead of hanging
-    rollout = create_role_actors(RolloutWorker, plan.roles["rollout"], pgs, lambda rank: (model_dir, rank, 1))
+    rollout = create_role_actors(RolloutWorker, plan.roles["rollout"], pgs, lambda rank: {"model_dir": model_dir, "rank": rank, "world_size": 1})
 
 Sizing. Ray never starts an actor whose CPU request does not fit - it waits silently, forever (five
 actors at num_cpus=0.5 on 2 cores hang with no error). So every actor's share is chosen so that all actors of
@@ -309,10 +309,11 @@ def free_resources(*, min_cpu: float, timeout_s: float = 30.0) -> dict[str, floa
 
 
 def create_role_actors(worker_cls: type, placement: RolePlacement, pgs: dict[str, Any],
-                       init_args: Callable[[int], tuple]) -> list:
+                       init_kwargs: Callable[[int], dict[str, Any]]) -> list:
     """THE place that applies ray.remote: one actor per rank of `placement.role`, each pinned to its bundle.
 
-    `init_args(rank)` gives the worker's constructor arguments; the process starts with `placement.env_vars`.
+    `init_kwargs(rank)` gives the worker's constructor arguments, by name; the process starts with
+    `placement.env_vars`.
     """
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -323,7 +324,7 @@ def create_role_actors(worker_cls: type, placement: RolePlacement, pgs: dict[str
         num_cpus=placement.num_cpus, num_gpus=placement.num_gpus, max_restarts=0,
         runtime_env={"env_vars": dict(placement.env_vars)} if placement.env_vars else None,
         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b),
-    ).remote(*init_args(rank)) for rank, b in enumerate(placement.bundle_indices)]
+    ).remote(**init_kwargs(rank)) for rank, b in enumerate(placement.bundle_indices)]
 
 
 HEAD_RESOURCE = "node:__internal_head__"

@@ -158,7 +158,7 @@ def _role_actors(plan, pgs: dict, workers: dict[str, type], settings: registry.R
     out = {}
     for role, p in plan.roles.items():
         n, spec = len(p.bundle_indices), registry.ROLES[role]
-        out[role] = pl.create_role_actors(workers[role], p, pgs, lambda rank, spec=spec, n=n: spec.worker_args(
+        out[role] = pl.create_role_actors(workers[role], p, pgs, lambda rank, spec=spec, n=n: spec.worker_kwargs(
             settings, rank, n))
     return out
 

@@ -2,7 +2,7 @@
 
     reader                                   reads
     placement.plan_placement                 role_counts(settings) (worker counts), kuberay_group
-    rl.run (actor start-up, restarts)        worker (the class), worker_args, group, enabled
+    rl.run (actor start-up, restarts)        worker (the class), worker_kwargs, group, enabled
     rl.model_inputs (stages.rl: lineage)     reads_models: the settings naming models it loads
     Checkpointer (save, resume)              trains: every training role's state is saved and restored
     Controller (the algorithm's handles)     the built groups by name; an algorithm picks the ones it reads
@@ -95,8 +95,9 @@ class RoleSpec:
     """The RayJob worker group (custom resource) its bundles ask for on a cluster (tasks/rl.py)."""
     workers: Callable[[RunSettings], int]
     enabled: Callable[[RunSettings], bool]
-    worker_args: Callable[[RunSettings, int, int], tuple]
-    """(settings, rank, world size) -> the worker's constructor arguments."""
+    worker_kwargs: Callable[[RunSettings, int, int], dict[str, Any]]
+    """(settings, rank, world size) -> the worker's constructor arguments by name (each binds to its class's
+    `__init__`: tests/unit/test_role_registry.py)."""
     group_args: Callable[[GroupContext], dict] = lambda ctx: {}
     """Keyword arguments of the group's constructor beyond (workers, ids, timeout_s)."""
     reads_models: tuple[ModelSetting, ...] = ()
@@ -234,41 +235,47 @@ ROLES: dict[str, RoleSpec] = {
         name="rollout", worker=_rollout_worker, group=_rollout_group, trains=False,
         kuberay_group="rollout", workers=lambda s: s.placement.rollout_workers,
         enabled=lambda s: not _policy_generates(s),
-        worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, 0, s.model, s.rl.rollout_backend,
-                                        _gen_threads(s))),
+        worker_kwargs=lambda s, rank, n: {"model_dir": s.start_model_dir, "rank": rank, "world_size": n, "version": 0,
+                                          "model_cfg": s.model, "backend": s.rl.rollout_backend,
+                                          "threads": _gen_threads(s)}),
     "reward": RoleSpec(
         name="reward", worker=_reward_worker, group=_reward_group, trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reward_workers, enabled=lambda s: True,
-        worker_args=lambda s, rank, n: (s.reward, rank, n),
+        worker_kwargs=lambda s, rank, n: {"reward_cfg": s.reward, "rank": rank, "world_size": n},
         group_args=lambda ctx: {"weight": ctx.settings.reward.fn_weight}),
     "reward_model": RoleSpec(
         name="reward_model", worker=_reward_model_worker, group=_reward_model_group, trains=False,
         kuberay_group="train", workers=lambda s: s.placement.reward_model_workers,
         enabled=lambda s: bool(s.reward.models),
-        worker_args=lambda s, rank, n: (s.reward.models, rank, n, s.model, _gen_threads(s)),
+        worker_kwargs=lambda s, rank, n: {"models": s.reward.models, "rank": rank, "world_size": n,
+                                          "model_cfg": s.model, "threads": _gen_threads(s)},
         group_args=lambda ctx: {"models": ctx.settings.reward.models,
                                 "weights": ctx.settings.reward.model_weights or [1.0] * len(ctx.settings.reward.models)},
         reads_models=(ModelSetting("reward", "models", kinds=("reward_model", "model")),), scores=True),
     "reference": RoleSpec(
         name="reference", worker=_reference_worker, group=_reference_group, trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reference_workers, enabled=lambda s: uses_reference(s.rl) and not _lora(s),
-        worker_args=lambda s, rank, n: (s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s))),
+        worker_kwargs=lambda s, rank, n: {"model_dir": s.start_model_dir, "rank": rank, "world_size": n, "cfg": s.rl,
+                                          "model_cfg": s.model, "threads": _gen_threads(s)}),
     "teacher": RoleSpec(
         name="teacher", worker=_teacher_worker, group=_teacher_group, trains=False, kuberay_group="train",
         workers=lambda s: s.placement.teacher_workers, enabled=lambda s: declared(s.rl.algorithm).teacher,
-        worker_args=lambda s, rank, n: (s.rl.teacher, s.start_model_dir, rank, n, s.rl, s.model, _gen_threads(s)),
+        worker_kwargs=lambda s, rank, n: {"teacher_dir": s.rl.teacher, "student_dir": s.start_model_dir, "rank": rank,
+                                          "world_size": n, "cfg": s.rl, "model_cfg": s.model,
+                                          "threads": _gen_threads(s)},
         reads_models=(ModelSetting("rl", "teacher"),)),
     "policy": RoleSpec(
         name="policy", worker=_policy_worker, group=_policy_group, trains=True, kuberay_group="train",
         workers=lambda s: s.placement.policy_workers, enabled=lambda s: True,
-        worker_args=lambda s, rank, n: (s.start_model_dir, s.rl, rank, n, s.model, s.placement.torch_threads),
+        worker_kwargs=lambda s, rank, n: {"model_dir": s.start_model_dir, "cfg": s.rl, "rank": rank, "world_size": n,
+                                          "model_cfg": s.model, "threads": s.placement.torch_threads},
         group_args=_policy_shared_folder),
     "critic": RoleSpec(
         name="critic", worker=_critic_worker, group=_critic_group, trains=True,
         kuberay_group="train", workers=lambda s: s.placement.critic_workers or s.placement.policy_workers,
         enabled=lambda s: declared(s.rl.algorithm).critic,
-        worker_args=lambda s, rank, n: (s.rl.critic_init or s.start_model_dir, s.rl, rank, n, s.model,
-                                        s.placement.torch_threads),
+        worker_kwargs=lambda s, rank, n: {"init_dir": s.rl.critic_init or s.start_model_dir, "cfg": s.rl, "rank": rank,
+                                          "world_size": n, "model_cfg": s.model, "threads": s.placement.torch_threads},
         group_args=lambda ctx: {"micro_batch_size": ctx.settings.rl.micro_batch_size,
                                 "mini_batches": ctx.settings.rl.mini_batches, "seed": ctx.settings.rl.seed,
                                 "epochs": ctx.settings.rl.inner_epochs},
