@@ -1,7 +1,7 @@
 """A role actor that dies mid-run (SIGKILL of its own process, once) no longer ends the run: the driver sees
 the lost worker at once, rebuilds every actor, resumes from the last checkpoint and ends with exactly the
 updates - and the final model - of an uninterrupted run. One test per role (the reward worker's death is the
-`rl.max_restarts = 0` test's; PPO's critic and the learned reward model have their own, each with the run it
+`rl.max_restarts = 0` test's, the rollout worker's the cluster rehearsal's pod loss; PPO's critic and the learned reward model have their own, each with the run it
 must reproduce), plus the step watchdog. Run alone: `pytest -m ray tests/integration/test_rl_restart.py`."""
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ def uninterrupted(ray_local, tiny_sft_model, tmp_path_factory):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("role", ["rollout", "reference", "policy"])  # reward: the max_restarts=0 test kills it
+# reward: the max_restarts=0 test kills it; rollout: the cluster rehearsal removes its pod mid-step and asserts the
+# same model id (tests/cluster/test_rayjob_rehearsal.py), as it does for policy rank 0's
+@pytest.mark.parametrize("role", ["reference", "policy"])
 def test_a_killed_role_actor_is_replaced_and_the_run_ends_as_if_uninterrupted(
         role, ray_local, tiny_sft_model, tmp_path, uninterrupted, capfd):
     ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -35,7 +35,7 @@ ref = stages.sft(ModelConfig(base_path=str(base)), cfg, TrackingConfig(wandb=Fal
                  dataset=data, tokenizer=None, run_id="t", store=store)
 print("RESULT" + json.dumps({"model": ref.id}))
 """
-STEPS = 120
+STEPS = 60
 
 
 def _start(home: str, node: Path, fixture: dict, env: dict) -> subprocess.Popen:

@@ -1,12 +1,13 @@
 """wandb as its users expect, through `posttrain.stages` in real subprocesses with real offline wandb runs:
 one run per stage (SFT, eval) grouped by the pipeline run id, with the input artifact ids, their lineage and
-the output id in the run config, per-step metrics, the eval's per-problem table; a resumed SFT continues the
-same run id; `tracking.wandb: false` writes nothing. The RL stage's run is checked by the pipeline e2e test.
+the output id in the run config, per-step metrics, the eval's per-problem table; a killed SFT keeps its
+resumable state, the re-run resumes from it, deletes it and continues the same run id; `tracking.wandb: false` writes nothing. The RL stage's run is checked by the pipeline e2e test.
 The run files are read back with tests/wandb_log.py (wandb's own record format)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,15 +27,20 @@ home, base, ds, mode = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
 store = ArtifactStore(home)
 data = store.put("dataset", "addition", ds, run_id="night-1", parents=[], config={})
 track = TrackingConfig(wandb=mode != "off", log_every=1)
-steps = 300 if mode == "long" else 3
+steps = 60 if mode == "long" else 3
 start = stages.start_model(ModelConfig(base_path=base), run_id="night-1", store=store)
 model = stages.sft(ModelConfig(base_path=base), SFTConfig(steps=steps, global_batch_size=16, micro_batch_size=16,
                    nproc=1, warmup_steps=0, save_every=1), track, dataset=data, tokenizer=None, start=start,
                    run_id="night-1", store=store)
 ev = stages.evaluate(EvalConfig(num_problems=20, k=2, max_new_tokens=6), RewardConfig(), model=model, dataset=data,
                      run_id="night-1", store=store, tracking=track)
-print("RESULT" + json.dumps({"dataset": data.id, "start": start.id, "model": model.id, "eval": ev.report.id}))
+state = Path(home) / "state" / "sft"
+left = sorted(str(p.relative_to(state)) for p in state.glob("*/*")) if state.exists() else []
+print("RESULT" + json.dumps({"dataset": data.id, "start": start.id, "model": model.id, "eval": ev.report.id,
+                             "state": left}))
 """
+LONG = 60
+"""Steps of the run that is killed (0.5 s after its first state save) and resumed."""
 
 
 def _start(home: Path, fixture: dict, mode: str) -> subprocess.Popen:
@@ -97,12 +103,22 @@ def test_tracking_wandb_false_writes_no_run(tmp_path, tiny_sft_model):
 
 
 @pytest.mark.timeout(900)
-def test_a_resumed_sft_continues_the_same_wandb_run(tmp_path, tiny_sft_model):
+def test_a_killed_sft_keeps_its_state_resumes_it_deletes_it_and_continues_the_same_wandb_run(tmp_path, tiny_sft_model):
+    """SIGKILL after the first state save; the re-run resumes from the newest committed step (a kill mid-save
+    leaves a newer step folder without meta.json: never loaded), says so, trains every step once, deletes the
+    state once the model is stored, and continues the killed attempt's wandb run."""
+    from posttrain.artifacts import ArtifactStore
+
     home = tmp_path / "home"
     proc = _start(home, tiny_sft_model, "long")
     last = stage_script.kill_after_first_sft_save(proc, home)
     ids, stdout = _run(home, tiny_sft_model, "long")
     assert f"sft: resuming at step {last} of saved state " in stdout
+    first_logged = int(re.search(r"^step (\d+):", stdout, re.MULTILINE).group(1))
+    assert first_logged == last >= 1  # resumed from the newest saved step (a fresh start logs step 0)
+    assert ids["state"] == []
+    history = ArtifactStore(home).manifest(ids["model"]).extra["history"]  # the report's curves: every step once
+    assert [h["step"] for h in history] == list(range(1, LONG + 1))
     # The killed attempt's folder and the resumed one carry the same run id (wandb names the folder after it;
     # what the killed attempt's wandb process still buffered is lost with it - measured: only the file header).
     folders = sorted((home / "wandb" / "night-1" / "wandb").glob("offline-run-*"))
@@ -110,7 +126,7 @@ def test_a_resumed_sft_continues_the_same_wandb_run(tmp_path, tiny_sft_model):
     assert len(sft) == 1 and sft[0]["config"]["posttrain"]["outputs"] == {"model": ids["model"]}
     assert [f.name.rsplit("-", 1)[1] for f in folders].count(sft[0]["id"]) == 2
     logged = [h["_step"] for h in sft[0]["history"] if "loss" in h]
-    assert logged == list(range(last, 300))  # from where the state was saved (not step 0) to the end, each once
+    assert logged == list(range(last, LONG))  # from where the state was saved (not step 0) to the end, each once
 
 
 @pytest.mark.timeout(300)
