@@ -60,6 +60,12 @@ ALGORITHMS: dict[str, dict] = {
     # the embedding, so lm_head is not a target) on the full-SFT model. Measured on seed 0 (checkpoints every
     # 10): lr 1e-3 without warm-up reaches greedy 1.000 at step 10 and stays at 0.996-1.000.
     "grpo_lora": {"algorithm": "grpo", "lr": 1e-3, "warmup_steps": 0, "model": {"lora": {"rank": 16, "alpha": 32}}},
+    # rl.algorithm set alone (issue 44): the algorithm's published defaults are taken at plan (gspo's clip range,
+    # dapo's clip-higher), everything else is tiny_cpu's; on_policy_distill cannot run without a teacher
+    "gspo_alone": {"algorithm": "gspo"},
+    "dapo_alone": {"algorithm": "dapo"},
+    "ppo_alone": {"algorithm": "ppo"},
+    "on_policy_distill_alone": {"algorithm": "on_policy_distill", "teacher": "{grpo}"},
 }
 """Row label -> its settings beside tiny_cpu's RL section (the same batch and steps for all; the same lr and
 warm-up unless given). The label is `rl.algorithm` unless the settings name one."""
@@ -187,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     algorithms = args.algorithms.split(",")
     if unknown := set(algorithms) - set(ALGORITHMS):
         ap.error(f"--algorithms: unknown {sorted(unknown)}")
-    if "on_policy_distill" in algorithms and "grpo" not in algorithms[:algorithms.index("on_policy_distill")]:
-        ap.error("--algorithms: on_policy_distill distils the seed's GRPO model: list grpo before it")
+    for opd in ("on_policy_distill", "on_policy_distill_alone"):
+        if opd in algorithms and "grpo" not in algorithms[:algorithms.index(opd)]:
+            ap.error(f"--algorithms: {opd} distils the seed's GRPO model: list grpo before it")
     command = " ".join(["bench/algorithms.py", *[a for a in argv if a != "--write-readme"]])
     rows: list[dict] = []
     for seed in args.seeds:

@@ -42,3 +42,24 @@ def test_the_settings_only_some_algorithms_read_keep_their_defaults_elsewhere():
     assert Algorithm.GSPO not in table["loss_agg"][0] and "gspo" in table["loss_agg"][1]
     for name in table:  # every declared setting is a real one
         assert hasattr(RLConfig(), name), name
+
+
+def test_the_roles_a_run_starts_are_the_ones_its_loop_reads():
+    """The registry starts a role from the settings and the declaration (critic, teacher); the loop reads the
+    groups its `Roles` dataclass names. Every required group is started, and the critic and teacher are started
+    exactly for the loops that name them."""
+    from dataclasses import MISSING, fields
+
+    from posttrain.config import ModelConfig, PlacementConfig, RewardConfig
+    from posttrain.rl.loops import ALGORITHMS
+    from posttrain.rl.roles import registry
+
+    for algorithm, spec in ALGORITHMS.items():
+        settings = registry.RunSettings(rl=RLConfig(algorithm=algorithm, teacher="/models/teacher"),
+                                        reward=RewardConfig(), placement=PlacementConfig(), model=ModelConfig(),
+                                        start_model_dir="/models/start")
+        started = {name for name, role in registry.ROLES.items() if role.enabled(settings)}
+        named = {f.name: f.default is MISSING and f.default_factory is MISSING for f in fields(spec.loop.Roles)}
+        assert {n for n, required in named.items() if required} <= started, algorithm
+        for role in ("critic", "teacher"):
+            assert (role in started) == (role in named), (algorithm, role)
