@@ -41,19 +41,15 @@ print("RESULT " + json.dumps({"model": res.model.id, "steps": res.steps,
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_sigkill_after_first_checkpoint_then_resume(ray_local, tiny_sft_model, tmp_path, request, where):
-    """`s3`: store and state under an s3:// root (a real S3-protocol server), and the resumed run on "another
-    node" (its own HOME and TMPDIR: no local cache, index, step log or temporary file of the killed run) - it resumes from the root alone."""
+def test_sigkill_after_first_checkpoint_then_resume(ray_local, tiny_sft_model, tmp_path, s3_server, s3_root):
+    """Store and state under an s3:// root (a real S3-protocol server), and the resumed run on "another node" (its
+    own HOME and TMPDIR: no local cache, index, step log or temporary file of the killed run) - it resumes from
+    the root alone. (State in a local folder: test_rl_restart's and the cluster rehearsal's resumes.)"""
     from posttrain.artifacts import ArtifactStore
     from posttrain.artifacts.state import StateDir
 
-    env = {}
-    if where == "s3":
-        env = request.getfixturevalue("s3_server")["env"]
-        root = f"{request.getfixturevalue('s3_root')}/store"
-    else:
-        root = str(tmp_path / "store")
+    env = s3_server["env"]
+    root = f"{s3_root}/store"
     store = ArtifactStore(root)
     model = store.put("model", "sft", tiny_sft_model["model_dir"], run_id="t", parents=[], config={})
     data = store.put("dataset", "addition", tiny_sft_model["dataset_dir"], run_id="t", parents=[], config={})
@@ -64,8 +60,6 @@ def test_sigkill_after_first_checkpoint_then_resume(ray_local, tiny_sft_model, t
     cmd = [sys.executable, "-c", DRIVER, args]
 
     def node(name: str) -> dict:
-        if where == "local":
-            return {**os.environ}
         (tmp_path / name / "tmp").mkdir(parents=True, exist_ok=True)
         token = os.path.expanduser("~/.ray/auth_token")  # the session cluster's, found through the real HOME
         return {**os.environ, **env, "HOME": str(tmp_path / name), "TMPDIR": str(tmp_path / name / "tmp"),
@@ -90,11 +84,9 @@ def test_sigkill_after_first_checkpoint_then_resume(ray_local, tiny_sft_model, t
     # resumed, not started over: steps 1-2 are the killed run's own (their measured timings included)
     assert len(saved) == 2 and result["history"][:2] == saved
     # each update exactly once, though step 3 may have run before the kill (the log committed with the last
-    # checkpoint; locally also the live log)
-    logs = [state.read_text("step-000004/steps.jsonl")] + ([(tmp_path / "store/state/rl/resume-test/steps.jsonl")
-                                                             .read_text()] if where == "local" else [])
-    for log in logs:
-        assert [json.loads(line)["step"] for line in log.splitlines()] == [1, 2, 3, 4]
+    # checkpoint)
+    log = state.read_text("step-000004/steps.jsonl")
+    assert [json.loads(line)["step"] for line in log.splitlines()] == [1, 2, 3, 4]
     manifest = store.manifest(result["model"])
     assert manifest.extra["policy_version"] == 4 and manifest.parents == [model.id, data.id]
 
