@@ -3,8 +3,8 @@
 They are declared with each algorithm (algorithms.py: `Declared.defaults`); DEFAULTS gathers them:
 `rl.algorithm` -> {rl setting: Default(value, source)}. An algorithm missing from it, or a setting missing from
 its entry, runs with RLConfig's own default. A number is listed only where the paper (or the standard
-implementation) prescribes it and RLConfig's default does not fit the algorithm; DAPO's entry repeats RLConfig's clip defaults, which are DAPO's clip-higher, so a DAPO run keeps
-them whatever RLConfig's defaults become.
+implementation) prescribes it and RLConfig's default does not fit the algorithm; DAPO's entry repeats RLConfig's
+clip defaults, which are DAPO's clip-higher, so a DAPO run keeps them whatever RLConfig's defaults become.
 
 How they are applied (`posttrain.recipes.resolve`, once, after the overrides and before `validate`):
 - a setting is *explicit* when the JSON overrides name it (`{"rl": {"clip_high": 0.28}}`, even at RLConfig's

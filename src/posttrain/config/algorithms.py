@@ -78,7 +78,8 @@ DECLARED: dict[Algorithm, Declared] = {
         skips={"loss_agg": "dr_grpo and gspo aggregate their own way",
                "clip_ratio_c": "gspo clips a sequence-level ratio, without dual-clip"},
         defaults={"clip_low": Default(3e-4, "Zheng et al. 2025 (GSPO), experimental setup: left clipping range 3e-4"),
-                  "clip_high": Default(4e-4, "Zheng et al. 2025 (GSPO), experimental setup: right clipping range 4e-4")},
+                  "clip_high": Default(4e-4,
+                                       "Zheng et al. 2025 (GSPO), experimental setup: right clipping range 4e-4")},
         clip=ClipBound(0.05, "gspo clips the sequence-level ratio, whose deviations from 1 are ~1e-3")),
     Algorithm.DAPO: Declared(
         reads=("std_normalize", *_DAPO_SETTINGS),
