@@ -7,6 +7,9 @@ ranks (torch.distributed, Elastic) in a process that holds Ray's threads can dea
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +26,8 @@ def ray_local():
     """A real local Ray cluster for the session, with more logical CPUs than cores so that every role's
     actor fits (fractional CPUs are a scheduling budget, not a thread count)."""
     ray = pytest.importorskip("ray")
-    if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    if not ray.is_initialized():  # a new local instance: never one another process started (xdist's workers)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()
@@ -50,6 +53,11 @@ from posttrain.recipes import tiny_cpu
 from posttrain.sft import run_sft
 
 out = Path(sys.argv[1]); steps = int(sys.argv[2])
+from filelock import FileLock
+lock = FileLock(f"{out}.lock"); lock.acquire()
+if (out / "done.json").exists():
+    sys.exit(0)
+import shutil; shutil.rmtree(out, ignore_errors=True)
 base = tiny_cpu()
 data = base.data
 prepare_dataset(data, out / "dataset")
@@ -63,31 +71,82 @@ metrics = run_sft(model_cfg=base.model, sft_cfg=sft, tracking_cfg=TrackingConfig
 """
 
 
-@pytest.fixture(scope="session")
-def tiny_sft_model(request):
-    """One tiny addition checkpoint shared by every test that needs a trained model (dataset, tokenizer and
-    HF model folders). Trained once in a subprocess (world size 1) and kept in pytest's cache folder, keyed
-    by the library source, so the three pytest processes of `make test` train it only once."""
+def _tiny_root(config) -> Path:
+    """The fixture's folder in pytest's cache, keyed by the library source it depends on, so the pytest
+    processes of `make test` (and xdist's workers) share one build."""
     import hashlib
-    import subprocess
-    import sys
-    from pathlib import Path
 
     src = Path(__file__).resolve().parents[1] / "src" / "posttrain"
     h = hashlib.sha256(str(TINY_SFT_STEPS).encode())
     for f in sorted(src.rglob("*.py")):
         if f.parts[-2] in ("data", "models", "sft", "spmd", "config") or f.name == "recipes.py":
             h.update(f.read_bytes())
-    root = Path(request.config.cache.mkdir("tiny_sft_model")) / h.hexdigest()[:16]
-    if not (root / "done.json").exists():
-        import shutil
+    return Path(config.cache.mkdir("tiny_sft_model")) / h.hexdigest()[:16]
 
-        shutil.rmtree(root, ignore_errors=True)
-        env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(29000 + os.getpid() % 1000), "OMP_NUM_THREADS": "2"}
-        proc = subprocess.run([sys.executable, "-c", _FIXTURE_SCRIPT, str(root), str(TINY_SFT_STEPS)], env=env,
-                              capture_output=True, check=False, text=True, timeout=850)
-        assert proc.returncode == 0, f"fixture SFT failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+def _tiny_build(root: Path) -> subprocess.Popen:
+    """Start the fixture's training in a subprocess that holds `<root>.lock` while it builds (a finished
+    build is left alone)."""
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(29000 + os.getpid() % 1000),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    root.parent.mkdir(parents=True, exist_ok=True)
+    log = open(f"{root}.log", "w")  # noqa: SIM115 - the child writes it; closed when the child ends
+    return subprocess.Popen([sys.executable, "-c", _FIXTURE_SCRIPT, str(root), str(TINY_SFT_STEPS)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+_BACKGROUND: list = []
+
+
+def pytest_sessionstart(session):
+    """Under xdist the controller starts the fixture's build at once, so the workers run the tests that do
+    not need it meanwhile instead of waiting for it (a worker that needs it waits on its lock)."""
+    if hasattr(session.config, "workerinput") or not getattr(session.config.option, "numprocesses", None):
+        return
+    root = _tiny_root(session.config)
+    if not (root / "done.json").exists():
+        _BACKGROUND.append(_tiny_build(root))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Tests that need the tiny fixture run last, so the build started at session start (or by the first of
+    them) overlaps the tests that do not need it."""
+    items.sort(key=lambda item: "tiny_sft_model" in getattr(item, "fixturenames", ()))
+
+
+def pytest_sessionfinish(session):
+    for proc in _BACKGROUND:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def tiny_sft_model(request):
+    """One tiny addition checkpoint shared by every test that needs a trained model (dataset, tokenizer and
+    HF model folders). Trained once in a subprocess (world size 1) and kept in pytest's cache folder, keyed
+    by the library source, so the pytest processes of `make test` train it only once."""
+    from filelock import FileLock, Timeout
+
+    root = _tiny_root(request.config)
+    for _ in range(2):  # a build started in the background, or none: then this process builds it
+        try:
+            with FileLock(f"{root}.lock", timeout=900):
+                done = (root / "done.json").exists()
+        except Timeout:
+            pytest.fail(f"the tiny fixture's build held {root}.lock for 900 s: see {root}.log", pytrace=False)
+        if done:
+            break
+        proc = _tiny_build(root)
+        try:
+            rc = proc.wait(timeout=900)
+        except Exception:
+            proc.kill()
+            raise
+        log = Path(f"{root}.log").read_text()
+        assert rc == 0, f"fixture SFT failed (exit {rc}), {root}.log:\n{log[-6000:]}"
+    assert done, f"the tiny fixture's build ended without {root}/done.json: see {root}.log"
     return {"dataset_dir": root / "dataset", "tokenizer_dir": root / "tokenizer", "model_dir": root / "model",
             "root": root}
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+pytestmark = pytest.mark.cluster  # no Ray: `make test` runs it beside the e2e tests
 ROOT = Path(__file__).resolve().parents[2]
 
 POD = r"""

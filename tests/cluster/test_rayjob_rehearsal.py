@@ -4,7 +4,7 @@ start` resources - in both placement modes with the default recipe's RL settings
 pod dies mid-run (the rollout pod, then a train pod) and a fresh one joins, as KubeRay would recreate it.
 
 The cluster captures every bare `ray.init()` on the machine while it runs (shared/FACTS.md): this module runs
-in its own pytest process (`make test`: `pytest -m cluster`), and the cluster is torn down in a `finally`.
+in its own pytest process (`make test`: `pytest -m "cluster and ray"`), and the cluster is torn down in a `finally`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.rollout import RolloutWorker
 from rehearsal.rayjob_shape import add_node
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.ray]
 
 RECIPE = tiny_cpu()
 CFG = replace(RECIPE.rl, steps=4, checkpoint_every=2, remote_timeout_s=120)
@@ -38,7 +38,7 @@ def rayjob():
     from rehearsal.rayjob_shape import local_cluster
     from tasks.rl import ray_config
 
-    assert not ray.is_initialized(), "the rehearsal needs its own pytest process (pytest -m cluster)"
+    assert not ray.is_initialized(), "the rehearsal needs its own pytest process (pytest -m 'cluster and ray')"
     with local_cluster(ray_config) as (cluster, nodes):
         yield {"ray": ray, "cluster": cluster, "pods": nodes}
 

@@ -23,7 +23,8 @@ OVERRIDES = {"data": {"num_examples": 2000, "eval_size": 40}, "sft": {"steps": 2
              "eval": {"num_problems": 40, "k": 1}, "rl": {"steps": 2, "prompts_per_step": 4, "samples_per_prompt": 4}}
 
 NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
-    "make run": "the default recipe through pyflyte (5 min): test_pipeline_e2e.py::test_default_recipe_...",
+    "make run": "the default recipe through pyflyte (8 min): test_pipeline_e2e.py::test_default_recipe_... runs it "
+                "with RL shortened to 30 steps; bench/default_seeds.py runs it whole over 3 seeds (README)",
     "make test": "this suite itself",
     ".venv/bin/pyflyte run workflows/pipeline.py pipeline": "a full recipe run (minutes); this test and "
                                                             "test_pipeline_e2e.py run the same workflow shortened",
