@@ -111,8 +111,10 @@ def pytest_sessionstart(session):
 
 def pytest_collection_modifyitems(session, config, items):
     """Tests that need the tiny fixture run last, so the build started at session start (or by the first of
-    them) overlaps the tests that do not need it."""
-    items.sort(key=lambda item: "tiny_sft_model" in getattr(item, "fixturenames", ()))
+    them) overlaps the tests that do not need it; modules that declare `WALL_S` (their measured wall time, the
+    long e2e ones) run longest first, so xdist's two workers end together."""
+    items.sort(key=lambda item: ("tiny_sft_model" in getattr(item, "fixturenames", ()),
+                                 -getattr(getattr(item, "module", None), "WALL_S", 0)))
 
 
 def pytest_sessionfinish(session):
