@@ -43,6 +43,15 @@ LONG = 60
 """Steps of the run that is killed (0.5 s after its first state save) and resumed."""
 
 
+_SERVICE_HOLDER = """
+import os, sys, wandb
+wandb.init(mode="offline", dir=sys.argv[1], settings=wandb.Settings(silent=True, console="off"))
+print(os.environ["WANDB_SERVICE"], flush=True)
+import time; time.sleep(3600)
+"""
+"""A parent process that opened a wandb run and keeps its service (the token in WANDB_SERVICE) alive."""
+
+
 def _start(home: Path, fixture: dict, mode: str) -> subprocess.Popen:
     return stage_script.start(SCRIPT, home, fixture, mode)
 
@@ -103,29 +112,45 @@ def test_tracking_wandb_false_writes_no_run(tmp_path, tiny_sft_model):
 
 
 @pytest.mark.timeout(900)
-def test_a_killed_sft_keeps_its_state_resumes_it_deletes_it_and_continues_the_same_wandb_run(tmp_path, tiny_sft_model):
+def test_a_killed_sft_keeps_its_state_resumes_it_deletes_it_and_continues_the_same_wandb_run(
+        tmp_path, tiny_sft_model, monkeypatch):
     """SIGKILL after the first state save; the re-run resumes from the newest committed step (a kill mid-save
     leaves a newer step folder without meta.json: never loaded), says so, trains every step once, deletes the
-    state once the model is stored, and continues the killed attempt's wandb run."""
+    state once the model is stored, and continues the killed attempt's wandb run - with a wandb service inherited
+    from a parent process (WANDB_SERVICE, as Elastic's ranks inherit it from an in-process stage that opened a
+    run), which outlives the killed attempt and still holds its run: resuming through it failed with "run ID is
+    in use" (found when another test had opened a run in the same pytest worker)."""
     from posttrain.artifacts import ArtifactStore
 
     home = tmp_path / "home"
-    proc = _start(home, tiny_sft_model, "long")
-    last = stage_script.kill_after_first_sft_save(proc, home)
-    ids, stdout = _run(home, tiny_sft_model, "long")
+    holder = subprocess.Popen([sys.executable, "-c", _SERVICE_HOLDER, str(tmp_path / "parent")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        token = holder.stdout.readline().strip()
+        assert token, "the parent's wandb service did not start"
+        monkeypatch.setenv("WANDB_SERVICE", token)
+        proc = _start(home, tiny_sft_model, "long")
+        last = stage_script.kill_after_first_sft_save(proc, home)
+        ids, stdout = _run(home, tiny_sft_model, "long")
+    finally:
+        holder.kill()
+        holder.wait(30)
     assert f"sft: resuming at step {last} of saved state " in stdout
     first_logged = int(re.search(r"^step (\d+):", stdout, re.MULTILINE).group(1))
     assert first_logged == last >= 1  # resumed from the newest saved step (a fresh start logs step 0)
     assert ids["state"] == []
     history = ArtifactStore(home).manifest(ids["model"]).extra["history"]  # the report's curves: every step once
     assert [h["step"] for h in history] == list(range(1, LONG + 1))
-    # The killed attempt's folder and the resumed one carry the same run id (wandb names the folder after it;
-    # what the killed attempt's wandb process still buffered is lost with it - measured: only the file header).
+    # The killed attempt's folder and the resumed one carry the same run id (wandb names the folder after it).
+    # The killed attempt's folder holds what the surviving service wrote of it (with a service of its own, only
+    # the file header: unreadable); only the resumed run is finished with the stage's output.
     folders = sorted((home / "wandb" / "night-1" / "wandb").glob("offline-run-*"))
     sft = [r for r in _runs(home) if r.get("job_type") == "sft"]
-    assert len(sft) == 1 and sft[0]["config"]["posttrain"]["outputs"] == {"model": ids["model"]}
-    assert [f.name.rsplit("-", 1)[1] for f in folders].count(sft[0]["id"]) == 2
-    logged = [h["_step"] for h in sft[0]["history"] if "loss" in h]
+    done = [r for r in sft if r["config"]["posttrain"].get("outputs")]
+    assert len(done) == 1 and done[0]["config"]["posttrain"]["outputs"] == {"model": ids["model"]}
+    assert {r["id"] for r in sft} == {done[0]["id"]}
+    assert [f.name.rsplit("-", 1)[1] for f in folders].count(done[0]["id"]) == 2
+    logged = [h["_step"] for h in done[0]["history"] if "loss" in h]
     assert logged == list(range(last, LONG))  # from where the state was saved (not step 0) to the end, each once
 
 

@@ -17,6 +17,7 @@ The stage that made it owns it: trackers log into it but do not finish it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import fsspec
@@ -101,6 +102,12 @@ class WandbRun:
         import wandb
 
         if self._run is None:
+            if resume_id is not None:
+                # A wandb-core service inherited from a parent process (WANDB_SERVICE, set by wandb in any process
+                # that opened a run, e.g. an in-process stage before Elastic forked these ranks) still holds the
+                # killed attempt's run as active: resuming through it fails with "run ID ... is in use". This
+                # process starts a service of its own instead.
+                os.environ.pop("WANDB_SERVICE", None)
             folder = run_folder(self.store_root, self.run_id)
             folder.mkdir(parents=True, exist_ok=True)
             self._run = wandb.init(
