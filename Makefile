@@ -46,7 +46,7 @@ test: install
 	# The RayJob rehearsal: one Ray node per pod of the RL task's RayJob; it captures every bare ray.init() on
 	# the machine while it runs, so it has its own process and tears the cluster down at the end.
 	$(BIN)/pytest -m "cluster and ray" -q -ra --durations=8; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
-	# The e2e pipelines (each in pyflyte subprocesses, but one in-process: whole files per worker) and the
+	# The e2e pipelines (each a `pyflyte run` in a subprocess; whole files per worker, the longest first) and the
 	# PyTorchJob rehearsal (SFT pods, no Ray).
 	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "e2e or (cluster and not ray)" -q -ra --durations=8; \
 	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
