@@ -1,5 +1,6 @@
-"""DPO, reward models and distillation on the SPMD trainer with real gloo process groups (torchrun subprocesses),
-the same guarantees SFT has: split invariance (1 rank x 4 micro-batches == 2 ranks x 2 == packed rows), FSDP2
+"""DPO, reward models and distillation on the SPMD trainer with real gloo process groups (ranks started as
+torchrun starts them, forked warm: tests/ranks.py; the SIGKILL runs under torchrun itself), the same guarantees
+SFT has: split invariance (1 rank x 4 micro-batches == 2 ranks x 2 == packed rows), FSDP2
 equal to DDP, and an exact resume after SIGKILL. Pairs come through the real preference data path (a jsonl file
 of prompt/chosen/rejected strings -> prepare_dataset)."""
 
@@ -22,6 +23,7 @@ from posttrain.data.prepare import prepare_dataset
 from posttrain.models.io import load_tokenizer, save_model
 from posttrain.models.tiny import build_model
 from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
+from tests.ranks import Ranks, run_ranks
 from tests.torchrun_output import stderr_excerpt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,12 +55,9 @@ def dense_data(tmp_path_factory):
     return d
 
 
-def torchrun(nproc: int, *args, timeout=300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           *map(str, args)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,  # a rank that aborts
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),  # prints its stack
-                            "PYTHONFAULTHANDLER": "1"}, check=False)
+def torchrun(nproc: int, *args, timeout=300) -> Ranks:
+    """`nproc` ranks of a script, as torchrun starts them (forked warm: tests/ranks.py)."""
+    p = run_ranks(nproc, *args, timeout=timeout)
     assert p.returncode == 0, stderr_excerpt(p.stderr)
     return p
 

@@ -1,4 +1,4 @@
-"""LoRA on the SPMD dense trainer with real gloo process groups (torchrun subprocesses): split invariance and
+"""LoRA on the SPMD dense trainer with real gloo process groups (ranks forked warm, tests/ranks.py): split invariance and
 FSDP2 == DDP with only adapters training, an exact resume after SIGKILL whose saved state holds only the adapters,
 DPO whose reference is the start model with its adapters off, and a reward model whose head trains beside them."""
 

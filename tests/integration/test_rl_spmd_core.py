@@ -1,5 +1,5 @@
 """The RL policy and PPO's critic on the shared training core (posttrain.spmd): their real workers, in a real
-2-rank gloo group (rl_spmd_driver.py under torchrun), run two updates of a fixed batch - 2 mini-batches x 2
+2-rank gloo group (rl_spmd_driver.py as ranks: tests/ranks.py), run two updates of a fixed batch - 2 mini-batches x 2
 inner epochs, gradient clipping engaged, mismatch correction's extra pass, a KL term - with uneven forwards
 between them (rank r scores r + 1 rows: the reference with LoRA, the policy's log-probs, the critic's values).
 
@@ -8,19 +8,17 @@ between them (rank r scores r + 1 rows: the reference with LoRA, the policy's lo
 - The ranks of an FSDP2 group report one checksum, the one DDP's ranks report for the same weights.
 
 A wrong world-size factor, an FSDP2 gradient that is not reduced, a rank left out of a gathered tensor, or a
-forward that is a collective on one rank only (a hang: the torchrun timeout) fails here."""
+forward that is a collective on one rank only (a hang: the ranks' timeout) fails here."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
+from tests.ranks import run_ranks
 from tests.torchrun_output import stderr_excerpt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,10 +44,7 @@ def run(tmp: Path, model: Path, role: str, parallelism: str, lora: str, ranks: i
     """One driver run: `ranks` ranks at one row per micro-batch (4 rows per mini-batch: 1 x 4 or 2 x 2)."""
     out = tmp / f"{role}-{parallelism}-{lora or 'full'}-{ranks}"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-           str(DRIVER), str(out), str(model), role, parallelism, lora, "1"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}, check=False)
+    p = run_ranks(ranks, DRIVER, out, model, role, parallelism, lora, "1")  # forked warm: tests/ranks.py
     assert p.returncode == 0, stderr_excerpt(p.stderr)
     return {"ranks": [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)],
             "weights": load_file(str(out / "weights.safetensors")), "moved": json.loads((out / "moved.json").read_text())}

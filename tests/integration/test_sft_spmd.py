@@ -1,5 +1,6 @@
-"""The SPMD SFT trainer with real gloo process groups (torchrun subprocesses): disjoint shards, identical
-weights, split invariance, packing, FSDP2 vs DDP, resume after SIGKILL, and learning addition."""
+"""The SPMD SFT trainer with real gloo process groups (ranks started as torchrun starts them, forked warm:
+tests/ranks.py; the SIGKILL runs under torchrun itself): disjoint shards, identical weights, split invariance,
+packing, FSDP2 vs DDP, resume after SIGKILL, and learning addition."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from safetensors.torch import load_file
 from posttrain.config import DataConfig
 from posttrain.data.prepare import prepare_dataset
 from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
+from tests.ranks import Ranks, run_ranks
 from tests.torchrun_output import stderr_excerpt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,11 +34,9 @@ def small_data(tmp_path_factory):
     return d
 
 
-def torchrun(nproc: int, *args, timeout=240, env=None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           *map(str, args)]
-    p = subprocess.run(cmd, capture_output=True, check=False, text=True, timeout=timeout, cwd=ROOT,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **(env or {})})
+def torchrun(nproc: int, *args, timeout=240, env=None) -> Ranks:
+    """`nproc` ranks of a script, as torchrun starts them (forked warm: tests/ranks.py)."""
+    p = run_ranks(nproc, *args, timeout=timeout, env=env)
     assert p.returncode == 0, stderr_excerpt(p.stderr)
     return p
 
