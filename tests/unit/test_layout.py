@@ -8,10 +8,10 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "posttrain"
 
-LAYERS = ["config", "data", "artifacts", "promotion", "tracking", "models", "rewards", "spmd", "sft", "rl", "eval",
-          "report", "stages", "recipes", "cli"]
+LAYERS = ["config", "data", "artifacts", "promotion", "tracking", "models", "rewards", "envs", "spmd", "sft", "rl",
+          "eval", "report", "stages", "recipes", "cli"]
 """Lowest first: settings; datasets; the artifact store and its channels; step tracking; models and their
-generation; reward scoring; the SPMD training core; the dense trainer; RL; evaluation; the report pages; the
+generation; reward scoring; environments and tools; the SPMD training core; the dense trainer; RL; evaluation; the report pages; the
 pipeline stages; the recipes; the console command."""
 
 

@@ -128,7 +128,7 @@ def _as_score(value) -> tuple[float, str | None]:
     return x, None
 
 
-def _describe(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
     """'ValueError: message (file.py:12)': the exception and the innermost frame that raised it."""
     tb = traceback.extract_tb(e.__traceback__)
     where = f" ({Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
@@ -146,7 +146,7 @@ def _module_source(fn) -> bytes:
         return Path(file).read_bytes() if file else b""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the kernel kills this child when its parent dies (a SIGKILLed Ray actor leaves no orphan)."""
     if sys.platform.startswith("linux"):
         try:
@@ -166,14 +166,14 @@ def _address_space() -> int:
     raise OSError("no VmSize in /proc/self/status")
 
 
-def _limit_memory(memory_mb: int) -> None:
+def limit_memory(memory_mb: int) -> None:
     """Linux only (where /proc gives the address space; RLIMIT_AS is not enforced on macOS)."""
     if memory_mb > 0 and sys.platform.startswith("linux"):
         cap = _address_space() + memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def _limit_cpu(cpu_s: float) -> None:
+def limit_cpu(cpu_s: float) -> None:
     """Allow `cpu_s` more CPU seconds from now (soft RLIMIT_CPU; whole seconds, rounded up)."""
     if cpu_s > 0:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -187,7 +187,7 @@ def _serve_fd(fd: int, path: str, python_path: list[str], limits: dict) -> None:
 def _serve(conn, path: str, python_path: list[str], limits: Limits) -> None:
     """Child main loop: import the function, set the limits, report its signature and identity, then answer
     calls."""
-    _die_with_parent()
+    die_with_parent()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     sys.stdout = sys.stderr  # fd 1 is the parent's stderr already (Popen); this keeps Python's buffering apart
     sys.path[:0] = python_path
@@ -196,10 +196,10 @@ def _serve(conn, path: str, python_path: list[str], limits: Limits) -> None:
         sig = _signature(path, fn)
         identity = {"import_path": path, "source_sha256": hashlib.sha256(_module_source(fn)).hexdigest()}
     except BaseException as e:  # noqa: BLE001 - anything at import time is reported to the parent
-        msg = str(e) if isinstance(e, RewardFunctionError) else f"reward.fn: importing {path!r} failed: {_describe(e)}"
+        msg = str(e) if isinstance(e, RewardFunctionError) else f"reward.fn: importing {path!r} failed: {describe(e)}"
         conn.send_bytes(json.dumps({"status": "error", "error": msg}).encode())
         return
-    _limit_memory(limits.memory_mb)
+    limit_memory(limits.memory_mb)
     conn.send_bytes(json.dumps({"status": "ready", "signature": sig.__dict__, "identity": identity}).encode())
     while True:
         try:
@@ -208,14 +208,14 @@ def _serve(conn, path: str, python_path: list[str], limits: Limits) -> None:
             return
         if msg["op"] == "stop":
             return
-        _limit_cpu(limits.cpu_s)
+        limit_cpu(limits.cpu_s)
         try:
             value = fn(**msg["kwargs"])
         except MemoryError as e:  # the address-space limit: report, then let the parent replace this process
-            conn.send_bytes(json.dumps({"status": "out_of_memory", "error": _describe(e)}).encode())
+            conn.send_bytes(json.dumps({"status": "out_of_memory", "error": describe(e)}).encode())
             continue
         except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are failures too
-            conn.send_bytes(json.dumps({"status": "raised", "error": _describe(e)}).encode())
+            conn.send_bytes(json.dumps({"status": "raised", "error": describe(e)}).encode())
             continue
         if msg["op"] == "call":
             reply = {"status": "scored", "results": [_as_score(value)]}
