@@ -1,0 +1,239 @@
+"""Multi-turn episodes, token-exact: the model samples a turn, the environment answers (a tool's result, or
+its `step`'s observation), the answer is appended AS TOKENS, and the model samples the next turn from
+exactly the ids it will be trained on.
+
+    layout = EpisodeLayout.check(tokenizer, stop_ids)        # at plan: refused if the template cannot do it
+    episodes = run_episodes(engine, layout, tools, rows, messages, n=4, limits=EpisodeLimits(...), ...)
+    episodes[i].response_ids, .logprobs, .sampled           # sampled == 1: the policy's; 0: the environment's
+
+Token-exactness: a sampled turn's ids are kept as sampled - never decoded and re-tokenized (the trainer would
+score different tokens than were sampled: TRL #5224). Only the environment's text is tokenized, and only
+once: its turn is rendered by the model's OWN chat template as the text that follows a finished assistant
+turn (`EpisodeLayout.env_text`), so the ids the model continues from are the ids of the rendered
+conversation up to the sampled tokens. The per-token `sampled` mask keeps the environment's tokens out of
+every loss and metric.
+
+The template must render a conversation's prefix as a prefix of the whole (checked on a three-turn episode),
+and what it renders after an assistant message must start with one of the model's stop tokens (the turn
+ended there); a template that does not is refused at plan, naming what it rendered. Tools are shown in the
+documented format of `posttrain.envs.calls` as ordinary turns, so a template that drops `tools` and `tool`
+turns (SmolLM2's) works the same way - never a silent drop.
+
+Limits (`EpisodeLimits`): turns per episode, tokens per sampled turn, tokens of one environment answer (cut
+with a visible marker), and total response tokens (an episode reaching it ends, unfinished).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from posttrain.envs.calls import CallError, parse_call, response_turn, tools_block
+from posttrain.envs.host import ToolFailure
+from posttrain.envs.tools import ToolError, ToolSpec
+
+_MARK = "\u2063MARK\u2063"
+"""A content string no template rewrites, to find where the template puts an assistant message's content."""
+
+
+class Sampler(Protocol):
+    """The rollout engine (posttrain.rl.roles.rollout.RolloutEngine): n samples per context, each stopped at
+    any of the model's stop ids, with the log-prob of every sampled token."""
+    tokenizer: object
+
+    def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int, seed: int,
+                 top_p: float = 1.0, top_k: int = 0) -> list: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeLimits:
+    max_turns: int = 4
+    """Sampled turns per episode (the last one is the answer whatever it says)."""
+    max_new_tokens: int = 32
+    """Tokens per sampled turn."""
+    max_env_tokens: int = 64
+    """Tokens of one environment answer; a longer one is cut with a visible marker."""
+    max_total_tokens: int = 256
+    """Response tokens per episode (sampled and environment); the episode ends unfinished at this."""
+
+
+@dataclass
+class Episode:
+    """One episode's tokens and what happened in it."""
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    """Per response token: the sampled log-prob; 0.0 on the environment's tokens."""
+    sampled: list[int] = field(default_factory=list)
+    """Per response token: 1 sampled by the policy, 0 came from the environment."""
+    finished: bool = False
+    """The last turn ended at a stop token (or the environment ended the episode)."""
+    turns: int = 0
+    tool_calls: int = 0
+    tool_failures: dict[str, int] = field(default_factory=dict)
+    """Failed calls by kind: the tool process's (raised, timeout, died, ...) and the model's own (bad_call)."""
+    step_rewards: list[float] = field(default_factory=list)
+    """Per-turn rewards an environment's `step` gave."""
+    transcript: list[tuple[str, str]] = field(default_factory=list)
+    """(who, text) in order: ("policy", turn text), ("tool", result), ("env", observation)."""
+    final_text: str = ""
+    """The last sampled turn's text: what a verifier or reward function scores."""
+
+
+class EpisodeLayout:
+    """How episodes are rendered for one tokenizer: the prompt (tools shown in a system turn, the first
+    observation appended to the last user turn) and the environment's turns as the text after a finished
+    assistant turn."""
+
+    def __init__(self, tokenizer, stop_ids: list[int], after_stop: dict[int, str]):
+        self.tokenizer, self.stop_ids, self._after_stop = tokenizer, list(stop_ids), after_stop
+
+    @classmethod
+    def check(cls, tokenizer, stop_ids: list[int], name: str = "the model's chat template") -> EpisodeLayout:
+        """The layout, or a ToolError naming what the template does that episodes cannot use."""
+        msgs = [{"role": "user", "content": "question"}, {"role": "assistant", "content": _MARK},
+                response_turn("result"), {"role": "assistant", "content": _MARK + "2"}, response_turn("again")]
+        renders = [_render(tokenizer, msgs[:k], gen=msgs[k - 1]["role"] != "assistant") for k in range(1, 6)]
+        for k in range(1, 5):
+            if not renders[k].startswith(renders[k - 1]):
+                raise ToolError(f"{name} does not render an episode's earlier turns as a prefix of the later "
+                                f"ones (turn {k + 1} re-renders turn {k}): multi-turn episodes cannot keep the "
+                                "sampled tokens as sampled with it")
+        tail = renders[1][renders[1].rindex(_MARK) + len(_MARK):]  # what follows an assistant message
+        after = {}
+        for s in stop_ids:
+            text = tokenizer.decode([s], skip_special_tokens=False)
+            if text and tail.startswith(text):
+                after[s] = tail[len(text):]
+        if not after:
+            raise ToolError(f"{name} ends an assistant turn with {tail!r}, which starts with none of the model's "
+                            f"stop tokens {stop_ids}: an episode's turn cannot end where the template ends it")
+        return cls(tokenizer, stop_ids, after)
+
+    @property
+    def turn_stops(self) -> set[int]:
+        """The stop ids that end a turn (the template's end of an assistant message starts with them)."""
+        return set(self._after_stop)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, messages: list[dict], specs: list[ToolSpec], first_observation: str | None) -> list[int]:
+        """The episode's first context: tools in a system turn (merged into the row's own system turn), the
+        environment's first observation appended to the last user turn."""
+        msgs = [dict(m) for m in messages]
+        if first_observation:
+            last = max(i for i, m in enumerate(msgs) if m["role"] == "user")
+            msgs[last]["content"] = f"{msgs[last]['content']}\n\n{first_observation}"
+        if specs:
+            block = tools_block(specs)
+            if msgs and msgs[0]["role"] == "system":
+                msgs[0]["content"] = f"{msgs[0]['content']}\n\n{block}"
+            else:
+                msgs.insert(0, {"role": "system", "content": block})
+        return self.encode(_render(self.tokenizer, msgs, gen=True))
+
+    def env_ids(self, stop_id: int, text: str) -> list[int]:
+        """The ids after a turn that ended at `stop_id`: the rest of the template's end of turn, the
+        environment's turn and the next generation prompt."""
+        before = _render(self.tokenizer, [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}],
+                         gen=False)
+        after = _render(self.tokenizer, [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK},
+                                         response_turn(text)], gen=True)
+        return self.encode(self._after_stop[stop_id] + after[len(before):])
+
+    def cut(self, text: str, max_tokens: int) -> str:
+        """An environment answer cut to `max_tokens` tokens, with a visible marker."""
+        ids = self.encode(text)
+        if len(ids) <= max_tokens:
+            return text
+        return self.tokenizer.decode(ids[:max_tokens]) + f" [... {len(ids) - max_tokens} more tokens cut]"
+
+
+def _render(tokenizer, messages: list[dict], gen: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+
+
+def run_episodes(engine: Sampler, layout: EpisodeLayout, tools, rows: list[dict], messages: list[list[dict]], *,
+                 n: int, limits: EpisodeLimits, temperature: float, seed: int, top_p: float = 1.0,
+                 top_k: int = 0, key_prefix: str = "ep") -> list[Episode]:
+    """n episodes per row (row-major, as `generate` orders samples), all turns batched across episodes.
+    `tools` is a ToolProcess (or anything with its open / call / step / close and `specs`, `has_step`)."""
+    specs = tools.specs
+    keys = [f"{key_prefix}-{i}-{j}" for i in range(len(rows)) for j in range(n)]
+    episodes: list[Episode] = []
+    for key, (i, row) in zip(keys, [(i, r) for i, r in enumerate(rows) for _ in range(n)]):
+        first = tools.open(key, row)
+        episodes.append(Episode(prompt_ids=layout.prompt_ids(messages[i], specs, first)))
+    active = list(range(len(episodes)))
+    try:
+        for turn in range(limits.max_turns):
+            if not active:
+                break
+            gens = engine.generate([episodes[e].prompt_ids + episodes[e].response_ids for e in active], n=1,
+                                   temperature=temperature, max_new_tokens=limits.max_new_tokens,
+                                   seed=seed + 1_000_003 * turn, top_p=top_p, top_k=top_k)
+            still = []
+            for e, g in zip(active, gens):
+                if _take_turn(episodes[e], keys[e], g, layout, tools, specs, limits, last=turn == limits.max_turns - 1):
+                    still.append(e)
+            active = still
+    finally:
+        for key in keys:
+            tools.close(key)
+    return episodes
+
+
+def _take_turn(ep: Episode, key: str, g, layout: EpisodeLayout, tools, specs, limits: EpisodeLimits,
+               last: bool) -> bool:
+    """Append one sampled turn and, unless the episode ends, the environment's answer. True: it goes on."""
+    room = limits.max_total_tokens - len(ep.response_ids)
+    ids, lps = list(g.response_ids[:room]), list(g.logprobs[:room])
+    ep.response_ids += ids
+    ep.logprobs += lps
+    ep.sampled += [1] * len(ids)
+    ep.turns += 1
+    ended_at_stop = bool(ids) and g.finished and len(ids) == len(g.response_ids)
+    text = layout.tokenizer.decode(ids, skip_special_tokens=True)
+    ep.transcript.append(("policy", text))
+    ep.final_text = text
+    if not ended_at_stop:  # ran out of tokens mid-turn: the episode ends unfinished
+        return False
+    if ids[-1] not in layout.turn_stops:  # a stop that ends the whole text, not the turn: a final answer
+        ep.finished = True
+        return False
+    if tools.has_step:
+        r = tools.step(key, text)
+        if r.reward is not None:
+            ep.step_rewards.append(r.reward)
+        ep.transcript.append(("env", r.observation))
+        if r.done:
+            ep.finished = True
+            return False
+        answer = r.observation
+    else:
+        call = parse_call(text, specs)
+        if call is None:  # a final answer
+            ep.finished = True
+            return False
+        ep.tool_calls += 1
+        if isinstance(call, CallError):
+            ep.tool_failures["bad_call"] = ep.tool_failures.get("bad_call", 0) + 1
+            answer = f"error: {call.message}"
+        else:
+            out = tools.call(key, call.name, call.arguments)
+            if isinstance(out, ToolFailure):
+                ep.tool_failures[out.kind] = ep.tool_failures.get(out.kind, 0) + 1
+                answer = f"error: {out.message}"
+            else:
+                answer = out
+        ep.transcript.append(("tool", answer))
+    if last:  # the environment answered the last turn the episode has: it ends without a final answer
+        return False
+    env = layout.env_ids(ids[-1], layout.cut(answer, limits.max_env_tokens))
+    if len(ep.response_ids) + len(env) >= limits.max_total_tokens:
+        return False
+    ep.response_ids += env
+    ep.logprobs += [0.0] * len(env)
+    ep.sampled += [0] * len(env)
+    return True
