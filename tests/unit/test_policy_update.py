@@ -221,3 +221,33 @@ def test_rows_without_gradient_are_not_run_and_the_update_is_the_same(folders, w
         len(none.prompt_ids[i]) + len(none.response_ids[i]), i))[:2])
     per_token = replace(b, advantages=[[0.0, 0.0], [0.0, 0.5]] + [[0.0]] * 4)  # PPO: a row with one non-zero token
     assert rows_with_gradient(per_token, list(range(6)), 1) == [1]
+
+
+def test_environment_tokens_are_context_only_in_the_policy_update(folders, world_of_one):
+    """A multi-turn episode's environment tokens (`sampled` 0) are in the forward but in no loss term, statistic
+    or token count: what the batch holds at those positions (their recorded log-probs) changes nothing, while
+    the same batch without the mask trains on them."""
+    import dataclasses
+
+    from posttrain.rl.ragged import trained_tokens
+    from posttrain.rl.roles.policy import PolicyWorker
+
+    rl = RLConfig(temperature=1.0, lr=1e-3, kl_coef=0.0)
+    b = _policy_batch(folders, rl)
+    sampled = [[0 if 0 < t < len(r) - 1 and t % 2 else 1 for t in range(len(r))] for r in b.response_ids]
+    assert any(0 in m for m in sampled)
+    masked = dataclasses.replace(b, sampled=sampled)
+    moved = dataclasses.replace(masked, old_logprobs=[[lp + (3.0 if not s else 0.0) for lp, s in zip(r, m)]
+                                                       for r, m in zip(b.old_logprobs, sampled)])
+
+    def update(batch):
+        w = PolicyWorker(str(folders["llama"]), rl, 0, 1)
+        w.setup_process_group("127.0.0.1", 0, 60)
+        tokens = sum(trained_tokens(batch, i) for i in range(len(batch.response_ids)))
+        return w.update(batch, global_tokens=tokens, global_seqs=6, n_micro=2), w.state_dict()
+
+    (ra, wa), (rb, wb), (rc, wc) = update(masked), update(moved), update(dataclasses.replace(moved, sampled=None))
+    assert sum(trained_tokens(masked, i) for i in range(6)) == sum(map(sum, sampled)) < sum(map(len, b.response_ids))
+    assert ra.tokens == rb.tokens == sum(map(sum, sampled)) and rc.tokens == sum(map(len, b.response_ids))
+    assert abs(ra.loss - rb.loss) < 1e-6 and max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-7
+    assert max(float((wa[k] - wc[k]).abs().max()) for k in wa) > 1e-5  # without the mask they are trained on

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from posttrain.config import TrackingConfig
 from posttrain.rl.loops.common import StepOutcome
+from posttrain.rl.ragged import trained_tokens
 from posttrain.tracking import Tracker
 from posttrain.tracking.wandb_run import WandbRun
 
@@ -91,7 +92,7 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
         compute["update"] = stats.compute_s
     scores = rewards.scores
     mean = sum(scores) / len(scores)
-    n_tokens = sum(len(r) for r in traj.response_ids)
+    n_tokens = sum(trained_tokens(traj, i) for i in range(len(traj.response_ids)))  # sampled tokens only
     u = (stats.kl, stats.entropy, stats.clip_fraction, stats.loss, stats.grad_norm, stats.drift) if stats \
         else (0.0,) * 6
     return StepMetrics(

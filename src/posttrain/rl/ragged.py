@@ -26,6 +26,21 @@ def take_rows(record: R, rows: Sequence[int]) -> R:
     return dataclasses.replace(record, **{k: [v[i] for i in rows] for k, v in lists.items()})
 
 
+def trained_tokens(record, i: int) -> int:
+    """Row i's tokens a loss (or a token count) is over: the ones the policy sampled (`sampled`, multi-turn
+    episodes) when the record has that mask, else its whole response."""
+    mask = getattr(record, "sampled", None)
+    return sum(mask[i]) if mask is not None else len(record.response_ids[i])
+
+
+def loss_mask(record, lo: int, hi: int, shape: tuple[int, int] | torch.Size) -> torch.Tensor:
+    """(hi - lo, R) bool of rows lo:hi: True on each response's tokens the loss is over - every token up to
+    its length, or the sampled ones when the record has a `sampled` mask."""
+    mask = getattr(record, "sampled", None)
+    rows = mask[lo:hi] if mask is not None else [[1] * len(r) for r in record.response_ids[lo:hi]]
+    return pad_rows(rows, shape).bool()
+
+
 def pad_rows(rows: list[list[float]], shape: tuple[int, int] | torch.Size) -> torch.Tensor:
     """Ragged per-token rows -> (B, R) float32 of `shape`, zeros past each row's end."""
     out = torch.zeros(tuple(shape), dtype=torch.float32)

@@ -79,6 +79,10 @@ class Trajectories:
     """(B,) the example's other columns, as in PromptBatch.columns."""
     compute_s: float
     """Seconds spent generating, as timed inside the workers (max over workers)."""
+    sampled: list[list[int]] | None = None
+    """(B, response_len_i) multi-turn episodes: 1 where the policy sampled the token, 0 where it came from the
+    environment (a tool's result, an observation: posttrain.envs.episodes); their log-probs are 0. None: every
+    response token was sampled."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +148,9 @@ class TrainBatch:
     """The algorithm's policy objective."""
     loss_agg: LossAgg | None = None
     """The algorithm's own aggregation (Dr. GRPO's constant normaliser, GSPO's sequence mean); None: rl.loss_agg."""
+    sampled: list[list[int]] | None = None
+    """(B, response_len_i) Trajectories.sampled: the tokens the loss, its statistics and the token counts are
+    over (an episode's environment tokens are context only). None: every response token."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -82,7 +82,7 @@ from posttrain.models.io import (
 )
 from posttrain.models.lora import adapters_disabled, add_adapters, save_adapter
 from posttrain.rl.algorithms import grpo, mismatch, pg
-from posttrain.rl.ragged import pad_rows
+from posttrain.rl.ragged import loss_mask, pad_rows
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.policy_weights import PolicyWeights
 from posttrain.rl.roles.spmd import SPMDWorker
@@ -175,7 +175,7 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
             trainer_old = [self.log_probs(sh.prompt_ids, sh.response_ids, cfg.temperature)[0] for sh in shards]
             for sh, rows in zip(shards, trainer_old):
                 shape = (len(rows), max((len(r) for r in rows), default=0))
-                mask = pad_rows([[1.0] * len(r) for r in sh.response_ids], shape).bool()
+                mask = loss_mask(sh, 0, len(rows), shape)
                 self._record_mismatch(sums, pad_rows(rows, shape), pad_rows(sh.old_logprobs, shape), mask)
         for epoch in range(cfg.inner_epochs):
             for j, sh in enumerate(shards):
@@ -222,6 +222,8 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
                 logp, ent, mask = response_logprobs(self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi],
                                                     self.tok.pad_token_id, temperature=cfg.temperature,
                                                     top_p=cfg.top_p, top_k=cfg.top_k)
+            if shard.sampled is not None:  # an episode's environment tokens: context, never trained on
+                mask = mask & loss_mask(shard, lo, hi, mask.shape).to(mask.device)
             old = pad_rows(shard.old_logprobs[lo:hi], logp.shape).to(self.device)
             ref = pad_rows(shard.ref_logprobs[lo:hi], logp.shape).to(self.device) if shard.ref_logprobs else None
             rows = shard.advantages[lo:hi]

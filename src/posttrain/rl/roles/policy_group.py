@@ -19,7 +19,7 @@ import math
 import torch
 
 from posttrain.rl import dispatch
-from posttrain.rl.ragged import take_rows
+from posttrain.rl.ragged import take_rows, trained_tokens
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.spmd import SPMDGroup
 from posttrain.rl.types import ModelPut, PolicySums, TrainBatch, UpdateStats, WeightsHandle, WorkerId
@@ -119,7 +119,7 @@ class PolicyGroup(SPMDGroup):
         """Rows `rows` of the batch - those with a gradient (`rows_with_gradient`) - as one token-balanced shard
         per rank (equal row counts), with the GLOBAL token and sequence counts of all of `rows` and the
         micro-batches per rank (the same on every rank, or DDP would hang)."""
-        global_tokens = sum(len(batch.response_ids[i]) for i in rows)
+        global_tokens = sum(trained_tokens(batch, i) for i in rows)
         global_seqs = len(rows)
         rows = rows_with_gradient(batch, rows, len(self.workers))
         lengths = [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows]
