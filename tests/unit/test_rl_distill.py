@@ -57,7 +57,7 @@ def test_each_token_is_advantaged_by_the_teachers_log_prob_over_the_students(fol
     cfg = replace(OPD, steps=2, distill_reward_weight=reward_weight)
     history, seen = _run(folders, cfg, folders["tiny"])
     for batch, teacher, rewards in zip(seen["batches"], seen["teacher"], seen["rewards"]):
-        mask = response_mask(batch.response_ids)
+        mask = response_mask(batch)
         want = (pad_rows(teacher.values, mask.shape) - pad_rows(batch.old_logprobs, mask.shape)) * mask
         if reward_weight:
             want = want + reward_weight * group_advantages(torch.tensor(rewards.scores), 2, std_normalize=True)[:, None] * mask

@@ -112,7 +112,7 @@ def test_each_loop_hands_the_policy_its_advantages_and_objective(folders, world_
             assert torch.allclose(torch.tensor(batch.advantages), want, atol=1e-6)
             continue
         assert batch.ref_logprobs is None  # the KL is in the reward, not in the loss
-        mask = response_mask(batch.response_ids)
+        mask = response_mask(batch)
         kl = kl_penalty(pad_rows(batch.old_logprobs, mask.shape), pad_rows(seen["ref"][k].values, mask.shape), cfg.kl_estimator)
         want = reinforce_pp_returns(token_rewards(scores, mask, kl=kl, kl_coef=cfg.kl_coef), mask, gamma=cfg.gamma)
         assert torch.allclose(pad_rows(batch.advantages, mask.shape), want, atol=1e-5)

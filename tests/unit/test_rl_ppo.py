@@ -212,3 +212,29 @@ def test_non_finite_values_stop_the_step_before_any_optimizer_step(folders, worl
     with pytest.raises(NonFiniteError, match=r"step 1: critic values hold nan"):
         c.step()
     assert critic.version == 0 and policy.version == 0 and policy.checksum() == before and not c.history
+
+
+def test_the_critic_fits_and_gae_steps_over_an_episodes_environment_tokens(folders, world_of_one):
+    """With `sampled` (a multi-turn episode), the environment's tokens are in the critic's forward but not in
+    its loss, its token count or GAE's recursion: rewards placed there change nothing; without the mask they do."""
+    from posttrain.rl.roles.critic import CriticFit
+
+    prompts, _ = _batch(folders)
+    responses = [[5, 6, 7, 8, 9], [8, 4], [9, 10, 11]]
+    sampled = [[1, 0, 0, 1, 1], [1, 1], [1, 0, 1]]
+    rewards = [[0.0, 0.0, 0.0, 0.0, 1.0], [0.0, 0.5], [0.0, 0.0, -1.0]]
+    noisy = [[r + (7.0 if not s else 0.0) for r, s in zip(rr, ss)] for rr, ss in zip(rewards, sampled)]
+
+    def fit(token_rewards, mask):
+        w = _critic(folders)
+        fit = CriticFit(policy_version=0, prompt_ids=prompts, response_ids=responses, token_rewards=token_rewards,
+                        gamma=1.0, lam=0.95, sampled=mask)
+        tokens = sum(map(sum, mask)) if mask else sum(map(len, responses))
+        res = w.fit(fit, tokens, 1)
+        return res, {k: v.detach().clone() for k, v in w.model.state_dict().items()}
+
+    (a, wa), (b, wb), (c, wc) = fit(rewards, sampled), fit(noisy, sampled), fit(noisy, None)
+    assert a.tokens == b.tokens == 7 and c.tokens == 10
+    assert a.values == b.values and abs(a.loss - b.loss) < 1e-7
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) == 0.0
+    assert max(float((wa[k] - wc[k]).abs().max()) for k in wa) > 1e-6

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from posttrain.config import RLConfig
+from posttrain.rl.ragged import loss_mask
 from posttrain.rl.roles.protocols import Generates, GivesLogProbs, Scorer, ScoresWithFunctions, TrainsPolicy
 from posttrain.rl.types import LogProbs, PromptBatch, Rewards, TrainBatch, Trajectories, UpdateStats
 from posttrain.rl.weight_sync import drift_gate
@@ -185,11 +186,11 @@ def expect_version(stage: str, got: int, want: int) -> None:
         raise RuntimeError(f"{stage}: produced policy version {got}, expected {want} (a stale or skipped update)")
 
 
-def response_mask(response_ids: list[list[int]]) -> torch.Tensor:
-    """(B, R) bool: True at each row's response tokens (R: the longest response, at least 1)."""
-    R = max(max(len(x) for x in response_ids), 1)
-    lengths = torch.tensor([len(x) for x in response_ids])
-    return torch.arange(R)[None, :] < lengths[:, None]
+def response_mask(traj: Trajectories) -> torch.Tensor:
+    """(B, R) bool: True at each row's tokens the policy sampled - its whole response, or the sampled ones of a
+    multi-turn episode (`traj.sampled`) - R the longest response, at least 1."""
+    B = len(traj.response_ids)
+    return loss_mask(traj, 0, B, (B, max(max(len(x) for x in traj.response_ids), 1)))
 
 
 def advantage_metrics(adv: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -55,7 +55,7 @@ class OnPolicyDistill(Loop):
             teacher = r.teacher.log_probs(traj, temperature=cfg.temperature)
         check_finite("teacher log-probs", [x for row in teacher.values for x in row], step=run.step)
         with run.phase("advantages"):
-            mask = response_mask(traj.response_ids)  # (B, R)
+            mask = response_mask(traj)  # (B, R)
             reverse_kl = (pad_rows(traj.logprobs, mask.shape) - pad_rows(teacher.values, mask.shape)) * mask  # (B, R)
             adv = -reverse_kl
             if cfg.distill_reward_weight:

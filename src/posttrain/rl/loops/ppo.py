@@ -61,7 +61,7 @@ class PPO(Loop):
         traj = generate(r.rollout, prompts, cfg, run)
         rewards, reward_metrics = score(r.reward, traj, cfg, run, scorers=r.scorers)
         ref = reference_logprobs(r.reference, traj, cfg, run)
-        mask = response_mask(traj.response_ids)  # (B, R)
+        mask = response_mask(traj)  # (B, R)
         kl = pad_rows(traj.logprobs, mask.shape) - pad_rows(ref.values, mask.shape) if cfg.kl_in_reward else None  # k1 (B, R)
         rewards_t = ppo.token_rewards(torch.tensor(rewards.scores, dtype=torch.float32), mask, kl=kl,
                                       kl_coef=cfg.kl_coef)  # (B, R)
@@ -69,7 +69,8 @@ class PPO(Loop):
             with run.phase("critic"):
                 values, cstats = r.critic.fit(CriticFit(
                     policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
-                    token_rewards=rows_of(rewards_t, traj.response_ids), gamma=cfg.gamma, lam=cfg.lam))
+                    token_rewards=rows_of(rewards_t, traj.response_ids), gamma=cfg.gamma, lam=cfg.lam,
+                    sampled=traj.sampled))
             v = self._checked_values(values, cstats, mask, run)
             with run.phase("advantages"):
                 adv, returns = ppo.gae_advantages(rewards_t, v, mask, gamma=cfg.gamma, lam=cfg.lam)
@@ -84,7 +85,8 @@ class PPO(Loop):
             with run.phase("critic"):
                 cstats = r.critic.update(CriticBatch(policy_version=run.version, prompt_ids=traj.prompt_ids,
                                                      response_ids=traj.response_ids, old_values=values.values,
-                                                     returns=rows_of(returns, traj.response_ids)))
+                                                     returns=rows_of(returns, traj.response_ids),
+                                                     sampled=traj.sampled))
             self._checked_values(values, cstats, mask, run)
 
         stats = None

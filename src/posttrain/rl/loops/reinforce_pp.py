@@ -49,7 +49,7 @@ class ReinforcePP(Loop):
         rewards, reward_metrics = score(r.reward, traj, cfg, run, scorers=r.scorers)
         ref = reference_logprobs(r.reference, traj, cfg, run)
         with run.phase("advantages"):
-            mask = response_mask(traj.response_ids)  # (B, R)
+            mask = response_mask(traj)  # (B, R)
             kl = (kl_penalty(pad_rows(traj.logprobs, mask.shape), pad_rows(ref.values, mask.shape), cfg.kl_estimator)
                   if ref is not None else None)
             rewards_t = token_rewards(torch.tensor(rewards.scores, dtype=torch.float32), mask, kl=kl,

@@ -31,7 +31,7 @@ from posttrain.models.io import load_tokenizer, local_device
 from posttrain.models.lora import add_adapters
 from posttrain.models.reward_model import TokenScores, build_reward_model
 from posttrain.rl.algorithms import ppo
-from posttrain.rl.ragged import pad_rows
+from posttrain.rl.ragged import loss_mask, pad_rows
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import CriticSums, RankUpdate
@@ -58,6 +58,8 @@ class CriticBatch:
     """(B, response_len_i) the values the advantages were computed with (the clipped loss's centre)."""
     returns: list[list[float]]
     """(B, response_len_i) GAE returns: the regression targets."""
+    sampled: list[list[int]] | None = None
+    """(B, response_len_i) Trajectories.sampled: the value loss is over the policy's tokens only (None: all)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +74,9 @@ class CriticFit:
     """(B, response_len_i) outcome on the last token (minus the KL penalty when it is in the reward)."""
     gamma: float
     lam: float
+    sampled: list[list[int]] | None = None
+    """(B, response_len_i) Trajectories.sampled: GAE steps over the environment's tokens and the value loss
+    leaves them out (None: every token is the policy's)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +217,7 @@ class CriticWorker(SPMDWorker):
                 with precision.autocast(self.bf16):
                     v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                               self.tok.pad_token_id)
+                mask = mask & loss_mask(sh, lo, hi, mask.shape).to(mask.device)
                 old = v.detach()
                 ret = ppo.gae_returns(pad_rows(sh.token_rewards[lo:hi], v.shape).to(self.device), old, mask,
                                       gamma=sh.gamma, lam=sh.lam)
@@ -244,6 +250,7 @@ class CriticWorker(SPMDWorker):
             with precision.autocast(self.bf16):
                 v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                           self.tok.pad_token_id)
+            mask = mask & loss_mask(sh, lo, hi, mask.shape).to(mask.device)
             old = pad_rows(sh.old_values[lo:hi], v.shape).to(self.device)
             ret = pad_rows(sh.returns[lo:hi], v.shape).to(self.device)
             loss, st = ppo.value_loss(v, old, ret, mask, clip_range=self.cfg.value_clip, normalizer=norm)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from posttrain.rl import dispatch
-from posttrain.rl.ragged import take_rows
+from posttrain.rl.ragged import take_rows, trained_tokens
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.critic import CriticBatch, CriticFit, CriticStats, Values
 from posttrain.rl.roles.policy_group import mini_batch_rows
@@ -54,7 +54,7 @@ class CriticGroup(SPMDGroup):
         lengths = [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in rows]
         sh = dispatch.shard(rows, lengths, len(self.workers), equal_size=True)
         n_micro = min(max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb)), min(len(i) for i in sh.indices))
-        total = sum(len(r) for r in batch.response_ids)
+        total = sum(trained_tokens(batch, i) for i in rows)
         refs = [w.fit.remote(CriticFit(policy_version=batch.policy_version,
                                        prompt_ids=[batch.prompt_ids[i] for i in s],
                                        response_ids=[batch.response_ids[i] for i in s],
@@ -89,4 +89,4 @@ class CriticGroup(SPMDGroup):
         lengths = [len(b.prompt_ids[i]) + len(b.response_ids[i]) for i in rows]
         sh = dispatch.shard(rows, lengths, len(self.workers), equal_size=True)
         n_micro = min(max(1, math.ceil(max(len(i) for i in sh.indices) / self.mb)), min(len(i) for i in sh.indices))
-        return [take_rows(b, s) for s in sh.shards], sum(len(b.response_ids[i]) for i in rows), n_micro
+        return [take_rows(b, s) for s in sh.shards], sum(trained_tokens(b, i) for i in rows), n_micro
