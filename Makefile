@@ -34,17 +34,18 @@ test: install
 	  || echo "chromium not installed: the browser test will skip"
 	# Each stage runs on two xdist workers (one per core), each process with one torch thread: two threads per
 	# process on two busy cores spin in OpenMP's barriers (the shared fixture's SFT: 0.7 steps/s against 2.6).
-	# Stage 1: everything that starts neither Ray nor a pipeline (SPMD ranks are forked: tests/ranks.py).
+	# Tests that start Ray run in their own pytest processes (forking ranks after Ray started can deadlock),
+	# each worker with its own local Ray instance, whole files per worker (module fixtures are built once).
 	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 -m "not ray and not e2e and not cluster" -q -ra --durations=12
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "ray and not cluster" -q -ra --durations=12; \
+	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	# The RayJob rehearsal: one Ray node per pod of the RL task's RayJob; it captures every bare ray.init() on
 	# the machine while it runs, so it has its own process and tears the cluster down at the end.
 	$(BIN)/pytest -m "cluster and ray" -q -ra --durations=8; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
-	# The tests that start Ray (each xdist worker its own local instance; forking ranks after Ray started can
-	# deadlock, hence their own pytest processes), the e2e pipelines (each a `pyflyte run` in a subprocess) and
-	# the PyTorchJob rehearsal (SFT pods, no Ray), together so the two workers end together: whole files per
-	# worker (module fixtures are built once), the longest first (WALL_S).
-	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "(ray or e2e or cluster) and not (cluster and ray)" \
-	  -q -ra --durations=20; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+	# The e2e pipelines (each a `pyflyte run` in a subprocess; whole files per worker, the longest first) and the
+	# PyTorchJob rehearsal (SFT pods, no Ray).
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "e2e or (cluster and not ray)" -q -ra --durations=8; \
+	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	# The vLLM engine's tests run in the optional extra's own environment (installed here: ~2-4 min; installing it
 	# in the background beside stage 1 was measured to slow stage 1 by as much: 17:20 -> 20:42).
 	$(MAKE) test-vllm

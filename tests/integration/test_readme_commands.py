@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
-WALL_S = 144
-"""Wall time in make test's last stage (two workers; the clean-clone log of 2026-11-28): conftest runs the
-longest modules first."""
+WALL_S = 156
+"""Measured wall time, idle (conftest runs the longest modules first)."""
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = "readme"

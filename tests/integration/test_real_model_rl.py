@@ -22,9 +22,6 @@ def number_then_brevity(completion, answer):
 '''
 
 pytestmark = [pytest.mark.ray, pytest.mark.real_model, pytest.mark.slow, pytest.mark.timeout(1800)]
-WALL_S = 160
-"""Wall time in make test's last stage (two workers; the clean-clone log of 2026-11-28): conftest runs the
-longest modules first."""
 
 TRAIN_PROBLEMS = [("What is 8 + 2?", "10"), ("What is 2 * 10?", "20"), ("What is 6 + 7?", "13"),
                   ("What is 9 * 2?", "18"), ("What is 15 - 5?", "10"), ("What is 3 + 4?", "7"),

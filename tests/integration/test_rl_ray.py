@@ -21,9 +21,6 @@ from posttrain.rl.roles.rollout import RolloutWorker
 from posttrain.rl.types import WeightReport
 
 pytestmark = pytest.mark.ray
-WALL_S = 450
-"""Wall time in make test's last stage (two workers; the clean-clone log of 2026-11-28): conftest runs the
-longest modules first."""
 
 TRACKING = TrackingConfig(wandb=False, log_every=1)
 

@@ -26,9 +26,6 @@ from posttrain.rl.roles.reward_model import RewardModelWorker
 from posttrain.rl.roles.rollout import RolloutWorker
 
 pytestmark = pytest.mark.ray
-WALL_S = 480
-"""Wall time in make test's last stage (two workers; the clean-clone log of 2026-11-28): conftest runs the
-longest modules first."""
 
 CFG = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=8, kl_coef=0.02, checkpoint_every=2,
                warmup_steps=8, remote_timeout_s=60)
