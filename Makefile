@@ -34,6 +34,7 @@ test: install
 	  || echo "chromium not installed: the browser test will skip"
 	# Each stage runs on two xdist workers (one per core), each process with one torch thread: two threads per
 	# process on two busy cores spin in OpenMP's barriers (the shared fixture's SFT: 0.7 steps/s against 2.6).
+	# Stage 1 forks its SPMD ranks from a warm forkserver (tests/ranks.py) and builds the shared fixture at nice -10.
 	# Tests that start Ray run in their own pytest processes (forking ranks after Ray started can deadlock),
 	# each worker with its own local Ray instance, whole files per worker (module fixtures are built once).
 	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 -m "not ray and not e2e and not cluster" -q -ra --durations=12
