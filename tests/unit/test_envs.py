@@ -39,6 +39,16 @@ def test_a_tool_the_model_cannot_be_told_about_is_refused_naming_it():
 
     with pytest.raises(ToolError, match="missing a type hint"):
         tool_specs([untyped])
+
+    def blank(x: int) -> str:
+        """Does.
+
+        Args:
+            x:
+        """
+
+    with pytest.raises(ToolError, match=r"argument\(s\) \['x'\] have no description"):
+        tool_specs([blank])
     with pytest.raises(ToolError, match="two tools are named 'shout'"):
         tool_specs([shout, shout])
 
@@ -106,7 +116,7 @@ def test_every_failing_tool_is_a_counted_failure_and_the_episode_survives_replac
         outcomes = {name: tools.call("ep", name, {}) for name in ("raises", "hang", "exit", "binary", "hog")}
         assert {n: o.kind for n, o in outcomes.items()} == {
             "raises": "raised", "hang": "timeout", "exit": "died", "binary": "not_text", "hog": "out_of_memory"}
-        assert "KeyError" in outcomes["raises"].message and "exited (code 3)" in outcomes["exit"].message
+        assert "KeyError" in outcomes["raises"].message and "died (exit code 3)" in outcomes["exit"].message
         flood = tools.call("ep", "flood", {})
         assert flood.startswith("y" * 1000) and flood.endswith("[... 199000 more characters cut ...]")
         assert tools.call("ep", "shout", {"text": "ok"}) == "OK"

@@ -104,37 +104,37 @@ def test_exceptions_and_sys_exit_are_failures_and_the_process_survives():
         (r,) = s.score([sample("x")])
         assert r.score == 0.0 and r.failure.startswith("ValueError: broken reward function (reward_fns.py:")
     with scorer("exits") as s:
-        pid = s._box._proc.pid
+        pid = s._box.proc.pid
         assert scores(s.score([sample("x")]))[0][1].startswith("SystemExit: 3")
-        assert s._box._proc.pid == pid  # caught in the child: no restart needed
+        assert s._box.proc.pid == pid  # caught in the child: no restart needed
 
 
 def test_a_dead_child_is_a_failure_and_is_replaced():
     with scorer("dies") as s:
-        first = s._box._proc.pid
+        first = s._box.proc.pid
         got = s.score([sample("x"), sample("y")])
         assert [r.failure for r in got] == ["reward process died (exit code 7); replaced"] * 2
-        assert s._box._proc.pid != first and s._box._proc.poll() is None
+        assert s._box.proc.pid != first and s._box.proc.poll() is None
 
 
 def test_a_crash_by_signal_is_named_and_the_child_is_replaced():
     with scorer("aborts") as s:
-        first = s._box._proc.pid
+        first = s._box.proc.pid
         (r,) = s.score([sample("x")])
         assert r.failure == "reward process died (killed by SIGABRT); replaced"
-        assert s._box._proc.pid != first and s._box._proc.poll() is None
+        assert s._box.proc.pid != first and s._box.proc.poll() is None
 
 
 def test_runaway_memory_is_a_failure_and_the_child_is_replaced():
     """reward.memory_mb caps what a call may add to the process: 300 MB over a 100 MB limit is a MemoryError,
     recorded with the limit; the child is replaced and later calls score."""
     with scorer("allocates", memory_mb=100) as s:
-        first = s._box._proc.pid
+        first = s._box.proc.pid
         got = s.score([sample("small"), sample("big"), sample("small")])
         assert got[0] == got[2] and got[0].score == 1.0 and got[0].failure is None
         assert got[1].score == 0.0 and got[1].failure.startswith("MemoryError")
         assert "over reward.memory_mb = 100 (reward process replaced)" in got[1].failure
-        assert s._box._proc.pid != first
+        assert s._box.proc.pid != first
     with scorer("allocates", memory_mb=0) as s:  # 0: no limit
         assert scores(s.score([sample("big")])) == [(1.0, None)]
 
@@ -158,11 +158,11 @@ def test_output_on_stdout_goes_to_stderr(capfd):
 
 def test_a_hung_call_times_out_and_the_child_is_killed_and_replaced():
     with scorer("hangs_on_slow", timeout_s=0.5) as s:
-        first = s._box._proc
+        first = s._box.proc
         got = s.score([sample("a"), sample("slow"), sample("b")])
         assert scores(got) == [(1.0, None), (0.0, "timed out after 0.5s (reward process killed and replaced)"),
                                (1.0, None)]
-        assert first.poll() is not None and s._box._proc.pid != first.pid  # killed; a new child scored "b"
+        assert first.poll() is not None and s._box.proc.pid != first.pid  # killed; a new child scored "b"
 
 
 def test_timeouts_within_one_batch_are_bounded():

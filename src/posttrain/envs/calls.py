@@ -66,11 +66,10 @@ def parse_call(text: str, specs: list[ToolSpec]) -> ToolCall | CallError | None:
     if start < 0:
         return None
     end = text.find(CALL_CLOSE, start)
-    body = text[start + len(CALL_OPEN):] if end < 0 else text[start + len(CALL_OPEN):end]
     if end < 0:
         return CallError(f"the call is not closed with {CALL_CLOSE}")
     try:
-        call = json.loads(body)
+        call = json.loads(text[start + len(CALL_OPEN):end])
     except ValueError as e:
         return CallError(f"the call is not valid JSON: {e}")
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -84,7 +83,8 @@ def parse_call(text: str, specs: list[ToolSpec]) -> ToolCall | CallError | None:
     params = spec.parameters
     missing = [p for p in params.get("required", []) if p not in args]
     unknown = [a for a in args if a not in params.get("properties", {})]
-    if missing or unknown:
-        return CallError(f"{spec.name}: " + "; ".join(
-            ([f"missing argument(s) {missing}"] if missing else []) + ([f"unknown argument(s) {unknown}"] if unknown else [])))
+    problems = ([f"missing argument(s) {missing}"] if missing else []) + ([f"unknown argument(s) {unknown}"]
+                                                                        if unknown else [])
+    if problems:
+        return CallError(f"{spec.name}: " + "; ".join(problems))
     return ToolCall(name=spec.name, arguments=args)

@@ -31,18 +31,24 @@ from typing import Protocol
 from posttrain.envs.calls import CallError, parse_call, response_turn, tools_block
 from posttrain.envs.host import ToolFailure
 from posttrain.envs.tools import ToolError, ToolSpec
+from posttrain.models.generate import Generation
 
 _MARK = "\u2063MARK\u2063"
 """A content string no template rewrites, to find where the template puts an assistant message's content."""
 
 
 class Sampler(Protocol):
-    """The rollout engine (posttrain.rl.roles.rollout.RolloutEngine): n samples per context, each stopped at
-    any of the model's stop ids, with the log-prob of every sampled token."""
+    """What samples from the policy (the rollout engines of posttrain.rl.roles.rollout implement it, with
+    weight loading on top). `tokenizer` decodes the responses."""
+
     tokenizer: object
 
-    def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int, seed: int,
-                 top_p: float = 1.0, top_k: int = 0) -> list: ...
+    def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int,
+                 seed: int, top_p: float = 1.0, top_k: int = 0) -> list[Generation]:
+        """n samples per prompt (prompt-major), each stopped at any of the model's EOS ids. Every token's
+        log-prob is that of the distribution it was sampled from (temperature, top_k, top_p, renormalised:
+        posttrain.models.generate.sampling_logprobs), which the policy's drift check recomputes."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +93,9 @@ class EpisodeLayout:
 
     def __init__(self, tokenizer, stop_ids: list[int], after_stop: dict[int, str]):
         self.tokenizer, self.stop_ids, self._after_stop = tokenizer, list(stop_ids), after_stop
+        self._turn = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}]
+        self._before = _render(tokenizer, self._turn, gen=False)
+        """A finished assistant turn, rendered once: each environment turn is what the template adds after it."""
 
     @classmethod
     def check(cls, tokenizer, stop_ids: list[int], name: str = "the model's chat template") -> EpisodeLayout:
@@ -136,11 +145,8 @@ class EpisodeLayout:
     def env_ids(self, stop_id: int, text: str) -> list[int]:
         """The ids after a turn that ended at `stop_id`: the rest of the template's end of turn, the
         environment's turn and the next generation prompt."""
-        before = _render(self.tokenizer, [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK}],
-                         gen=False)
-        after = _render(self.tokenizer, [{"role": "user", "content": "q"}, {"role": "assistant", "content": _MARK},
-                                         response_turn(text)], gen=True)
-        return self.encode(self._after_stop[stop_id] + after[len(before):])
+        after = _render(self.tokenizer, [*self._turn, response_turn(text)], gen=True)
+        return self.encode(self._after_stop[stop_id] + after[len(self._before):])
 
     def cut(self, text: str, max_tokens: int) -> str:
         """An environment answer cut to `max_tokens` tokens, with a visible marker."""

@@ -75,7 +75,8 @@ class EnvironmentHost:
         if env_cls is None and not tools:
             raise ToolError("an episode needs an environment class (rl.environment) or tools (rl.tools)")
         self.env_cls, self.tools = env_cls, {getattr(t, "__name__", str(t)): t for t in tools}
-        self.specs: list[ToolSpec] = (environment_tools(env_cls) if env_cls is not None else []) + tool_specs(list(tools))
+        self.specs: list[ToolSpec] = ((environment_tools(env_cls) if env_cls is not None else [])
+                                      + tool_specs(list(tools)))
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise ToolError(f"rl.environment and rl.tools both define a tool named "
@@ -124,7 +125,8 @@ class EnvironmentHost:
         where = f"{self.env_cls.__qualname__}.step"
         if isinstance(out, str):
             return StepResult(observation=out)
-        if isinstance(out, dict) and isinstance(out.get("observation", ""), str) and set(out) <= {"observation", "reward", "done"}:
+        if (isinstance(out, dict) and isinstance(out.get("observation", ""), str)
+                and set(out) <= {"observation", "reward", "done"}):
             reward = out.get("reward")
             return StepResult(observation=out.get("observation", ""), done=bool(out.get("done", False)),
                               reward=None if reward is None else _reward(reward, where))

@@ -1,6 +1,6 @@
 """The episodes' tool process: the user's environment and tools run in ONE fresh interpreter per worker, never
 in the worker itself, with per-call time, CPU and memory limits, like the reward function
-(`posttrain.rewards.sandbox`, whose child-side limits this reuses).
+(`posttrain.rewards.sandbox`: the same `Child` process plumbing and child-side limits).
 
     tools = ToolProcess(environment="pkg.envs:Calculator", tools=["pkg.tools:search"],
                         python_path=[...], limits=ToolLimits(timeout_s=10, memory_mb=512))
@@ -23,22 +23,15 @@ killed with its parent on Linux. The built-in `python` tool that runs model-writ
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import inspect
 import json
-import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Connection, Pipe
-from pathlib import Path
+from multiprocessing.connection import Connection
 
 from posttrain.envs.host import EnvironmentHost, StepResult, ToolFailure
 from posttrain.envs.tools import ToolError, ToolSpec
-
-STARTUP_TIMEOUT_S = 120.0
-"""Time the child gets to import the environment and tools."""
+from posttrain.rewards.sandbox import Child
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,26 +44,6 @@ class ToolLimits:
     """Address space the calls may add to what the imports took."""
     max_result_chars: int = 65536
     """A longer result is cut here (with a marker) before it leaves the process."""
-
-
-def _load(path: str, where: str):
-    mod, sep, name = path.partition(":")
-    if not sep or not mod or not name:
-        raise ToolError(f"{where}: {path!r} must look like 'module:Name'")
-    try:
-        return getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError) as e:
-        raise ToolError(f"{where}: cannot import {path!r}: {type(e).__name__}: {e}") from None
-
-
-def _source_sha256(obj) -> str:
-    module = inspect.getmodule(obj)
-    try:
-        data = inspect.getsource(module).encode()
-    except (OSError, TypeError):
-        file = getattr(module, "__file__", None)
-        data = Path(file).read_bytes() if file else b""
-    return hashlib.sha256(data).hexdigest()
 
 
 def _cut(text: str, limit: int) -> str:
@@ -88,16 +61,23 @@ def _serve_fd(fd: int, environment: str, tools: list[str], python_path: list[str
 def _serve(conn, environment: str, tools: list[str], python_path: list[str], limits: ToolLimits) -> None:
     import resource
 
-    from posttrain.rewards.sandbox import describe, die_with_parent, limit_cpu, limit_memory
+    from posttrain.rewards.sandbox import (
+        describe,
+        die_with_parent,
+        import_by_path,
+        limit_cpu,
+        limit_memory,
+        source_sha256,
+    )
 
     die_with_parent()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     sys.path[:0] = python_path
     try:
-        env_cls = _load(environment, "rl.environment") if environment else None
-        fns = [_load(t, "rl.tools") for t in tools]
+        env_cls = import_by_path(environment, "rl.environment", ToolError) if environment else None
+        fns = [import_by_path(t, "rl.tools", ToolError) for t in tools]
         host = EnvironmentHost(env_cls, fns)
-        identity = {p: _source_sha256(o) for p, o in zip([environment, *tools], [env_cls, *fns]) if p}
+        identity = {p: source_sha256(o) for p, o in zip([environment, *tools], [env_cls, *fns]) if p}
     except BaseException as e:  # noqa: BLE001 - anything at import time is reported to the parent
         conn.send_bytes(json.dumps({"status": "error", "error": str(e) if isinstance(e, ToolError)
                                     else f"importing the environment / tools failed: {describe(e)}"}).encode())
@@ -171,79 +151,38 @@ class ToolProcess:
         """Failed tool calls by kind (raised, not_text, timeout, died, out_of_memory, unknown_tool)."""
         self.restarts = 0
         self._episodes: dict[str, _Episode] = {}
-        self._proc: subprocess.Popen | None = None
+        self._child: Child | None = None
         self._start()
 
     # ---- the process
 
     def _start(self) -> None:
-        self._conn, child = Pipe(duplex=True)
-        fd = child.fileno()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(fd), json.dumps(sys.path), self.environment,
-             json.dumps(self.tool_paths), json.dumps(self.python_path), json.dumps(asdict(self.limits))],
-            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        child.close()
-        what = self.environment or ", ".join(self.tool_paths)
-        if not self._conn.poll(STARTUP_TIMEOUT_S):
-            self._kill()
-            raise ToolError(f"importing {what} took more than {STARTUP_TIMEOUT_S:.0f}s")
-        try:
-            hello = json.loads(self._conn.recv_bytes())
-        except EOFError:
-            raise ToolError(f"the process importing {what} died (exit code {self._proc.wait(5)})") from None
-        if hello["status"] != "ready":
-            self._proc.wait(5)
-            raise ToolError(hello["error"] + (f" (python_path = {self.python_path})" if self.python_path else ""))
+        hint = f" (python_path = {self.python_path})" if self.python_path else ""
+        self._child = Child(_CHILD, [self.environment, json.dumps(self.tool_paths), json.dumps(self.python_path),
+                                     json.dumps(asdict(self.limits))],
+                            what=f"importing {self.environment or ', '.join(self.tool_paths)}", hint=hint,
+                            error=ToolError, cpu_limit=f"{self.limits.cpu_s:g} CPU-s per call",
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        hello = self._child.hello
         self.specs = [ToolSpec(name=s["function"]["name"], schema=s) for s in hello["specs"]]
         self.identity: dict[str, str] = hello["identity"]
         self.has_step, self.has_reward = hello["has_step"], hello["has_reward"]
 
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-        if self._proc is not None:
-            self._proc.wait(5)
-        self._conn.close()
-
-    def _death(self, code: int) -> str:
-        if code >= 0:
-            return f"the tool process exited (code {code})"
-        if -code == signal.SIGXCPU:
-            return f"the tool exceeded its CPU-time limit ({self.limits.cpu_s:g} s)"
-        try:
-            return f"the tool process was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"the tool process was killed by signal {-code}"
-
     def _replace(self) -> None:
         """A fresh process with every open episode rebuilt by replaying its history."""
-        self._kill()
+        self._child.kill()
         self.restarts += 1
         self._start()
         for key, ep in self._episodes.items():
             for msg in [{"op": "open", "key": key, "row": ep.row}, *ep.history]:
-                reply = self._send(msg)
+                reply = self._child.ask(msg, self.limits.timeout_s or None)
                 if reply.get("status") != "ok":
                     raise EpisodeError(f"episode {key}: replaying it into a replacement tool process failed "
                                             f"at {msg['op']}: {reply.get('error', reply.get('status'))}")
 
-    def _send(self, msg: dict) -> dict:
-        """One request; {"status": "timeout" | "died" | ...} instead of raising when the child fails."""
-        try:
-            self._conn.send_bytes(json.dumps(msg).encode())
-            answered = self._conn.poll(self.limits.timeout_s or None)
-        except (BrokenPipeError, ConnectionResetError):
-            answered = True
-        if not answered:
-            return {"status": "timeout"}
-        try:
-            return json.loads(self._conn.recv_bytes())
-        except (EOFError, ConnectionResetError):
-            return {"status": "died", "error": self._death(self._proc.wait(5))}
-
     def _request(self, msg: dict) -> dict:
-        reply = self._send(msg)
+        """One request; a timeout, death or out-of-memory replaces the process (and says so in the reply)."""
+        reply = self._child.ask(msg, self.limits.timeout_s or None)
         if reply["status"] in ("timeout", "died", "out_of_memory"):
             self._replace()
         return reply
@@ -275,7 +214,7 @@ class ToolProcess:
         elif reply["status"] == "out_of_memory":
             failure = ToolFailure("out_of_memory", f"the tool ran out of memory ({self.limits.memory_mb} MB)")
         elif reply["status"] == "died":
-            failure = ToolFailure("died", reply["error"])
+            failure = ToolFailure("died", f"the tool process {reply['error']}")
         else:
             failure = ToolFailure("raised", reply["error"])
         self.failures[failure.kind] = self.failures.get(failure.kind, 0) + 1
@@ -303,12 +242,6 @@ class ToolProcess:
         self._request({"op": "close", "key": key})
 
     def shutdown(self) -> None:
-        if self._proc is None:
-            return
-        try:
-            self._conn.send_bytes(json.dumps({"op": "stop"}).encode())
-            self._proc.wait(2)
-        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-            pass
-        self._kill()
-        self._proc = None
+        if self._child is not None:
+            self._child.stop()
+            self._child = None

@@ -85,15 +85,22 @@ def check_name(path: str) -> None:
         raise RewardFunctionError(f"reward.fn: {path!r} must look like 'module:function'")
 
 
-def _load(path: str):
+def import_by_path(path: str, setting: str, error: type[Exception]):
+    """The object `path` ("module:name") names, imported (never eval'ed); `error` names the setting otherwise."""
     import importlib
 
-    check_name(path)
-    mod, _, name = path.partition(":")
+    mod, sep, name = path.partition(":")
+    if not sep or not mod or not name:
+        raise error(f"{setting}: {path!r} must look like 'module:name'")
     try:
-        fn = getattr(importlib.import_module(mod), name)
+        return getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as e:
-        raise RewardFunctionError(f"reward.fn: cannot import {path!r}: {type(e).__name__}: {e}") from None
+        raise error(f"{setting}: cannot import {path!r}: {type(e).__name__}: {e}") from None
+
+
+def _load(path: str):
+    check_name(path)
+    fn = import_by_path(path, "reward.fn", RewardFunctionError)
     if not callable(fn):
         raise RewardFunctionError(f"reward.fn: {path!r} is a {type(fn).__name__}, not a function")
     return fn
@@ -136,14 +143,16 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text if len(text) <= 300 else text[:297] + '...'}{where}"
 
 
-def _module_source(fn) -> bytes:
-    """The source of the function's module (its file's bytes when there is no source, e.g. a compiled one)."""
-    module = inspect.getmodule(fn)
+def source_sha256(obj) -> str:
+    """sha256 of the source of `obj`'s module (its file's bytes when there is no source, e.g. a compiled one):
+    the identity of user code in a model's lineage."""
+    module = inspect.getmodule(obj)
     try:
-        return inspect.getsource(module).encode()
+        data = inspect.getsource(module).encode()
     except (OSError, TypeError):
         file = getattr(module, "__file__", None)
-        return Path(file).read_bytes() if file else b""
+        data = Path(file).read_bytes() if file else b""
+    return hashlib.sha256(data).hexdigest()
 
 
 def die_with_parent() -> None:
@@ -194,7 +203,7 @@ def _serve(conn, path: str, python_path: list[str], limits: Limits) -> None:
     try:
         fn = _load(path)
         sig = _signature(path, fn)
-        identity = {"import_path": path, "source_sha256": hashlib.sha256(_module_source(fn)).hexdigest()}
+        identity = {"import_path": path, "source_sha256": source_sha256(fn)}
     except BaseException as e:  # noqa: BLE001 - anything at import time is reported to the parent
         msg = str(e) if isinstance(e, RewardFunctionError) else f"reward.fn: importing {path!r} failed: {describe(e)}"
         conn.send_bytes(json.dumps({"status": "error", "error": msg}).encode())
@@ -238,53 +247,105 @@ then `_serve` on the inherited socket. A fresh interpreter, not multiprocessing'
 parent's __main__ in the child (in a Ray worker that is Ray's worker script, with all of Ray)."""
 
 
+class Child:
+    """One fresh interpreter serving JSON requests on an inherited socket, limited by itself (`_serve` here,
+    `posttrain.envs.process._serve` for tools): started and greeted, asked with a wall-time limit, and how it
+    ended read from its exit status. `program` is a `python -c` text that takes the socket's fd as argv[1] and
+    the parent's sys.path (JSON) as argv[2]; `args` follow. The greeting is the child's first message: a
+    {"status": "ready", ...} dict, or {"status": "error", "error": ...} which raises `error(...)` here."""
+
+    def __init__(self, program: str, args: list[str], *, what: str, hint: str, error: type[Exception],
+                 cpu_limit: str, stdout=None, stderr=None):
+        self.cpu_limit = cpu_limit
+        self.conn, child = Pipe(duplex=True)
+        fd = child.fileno()
+        self.proc = subprocess.Popen([sys.executable, "-c", program, str(fd), json.dumps(sys.path), *args],
+                                     pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+        child.close()
+        if not self.conn.poll(STARTUP_TIMEOUT_S):
+            self.kill()
+            raise error(f"{what} took more than {STARTUP_TIMEOUT_S:.0f}s")
+        try:
+            self.hello = json.loads(self.conn.recv_bytes())
+        except EOFError:
+            code = self.proc.wait(5)
+            raise error(f"the process {what} died (exit code {code}){hint}") from None
+        if self.hello["status"] != "ready":
+            self.proc.wait(5)
+            raise error(self.hello["error"] + hint)
+
+    def ask(self, msg: dict, timeout_s: float | None) -> dict:
+        """The child's reply to `msg`, or {"status": "timeout"} after `timeout_s` (None: no limit), or
+        {"status": "died", "error": why} when it ended first. Never raises for the child's sake."""
+        try:
+            self.conn.send_bytes(json.dumps(msg).encode())
+            answered = self.conn.poll(timeout_s)
+        except (BrokenPipeError, ConnectionResetError):  # died before or while reading the request
+            answered = True
+        if not answered:
+            return {"status": "timeout"}
+        try:
+            return json.loads(self.conn.recv_bytes())
+        except (EOFError, ConnectionResetError):
+            return {"status": "died", "error": self.death(self.proc.wait(5))}
+
+    def death(self, code: int) -> str:
+        """Why the child ended, from its exit status: a signal by name, SIGXCPU as the CPU-time limit."""
+        if code >= 0:
+            return f"died (exit code {code})"
+        if -code == signal.SIGXCPU:
+            return f"exceeded its CPU-time limit ({self.cpu_limit}; killed by SIGXCPU)"
+        try:
+            return f"died (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"died (killed by signal {-code})"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        """Ask the child to end, then make sure it has."""
+        try:
+            self.conn.send_bytes(json.dumps({"op": "stop"}).encode())
+            self.proc.wait(2)
+        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
+
 class RewardProcess:
     """The child process and its socket; restarts the child after a timeout, a death or running out of memory."""
 
     def __init__(self, path: str, python_path: list[str], limits: Limits = Limits()):
         self.path, self.python_path, self.limits = path, python_path, limits
-        self._proc: subprocess.Popen | None = None
-        self.signature, self.identity = self._start()
+        self.child: Child | None = None
+        self._start()
 
-    def _start(self) -> tuple[Signature, dict]:
-        self._conn, child = Pipe(duplex=True)
-        fd = child.fileno()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(fd), json.dumps(sys.path), self.path, json.dumps(self.python_path),
-             json.dumps(self.limits.__dict__)],
-            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=_stderr_fd())
-        child.close()
-        if not self._conn.poll(STARTUP_TIMEOUT_S):
-            self._kill()
-            raise RewardFunctionError(f"reward.fn: importing {self.path!r} took more than {STARTUP_TIMEOUT_S:.0f}s")
-        try:
-            hello = json.loads(self._conn.recv_bytes())
-        except EOFError:
-            code = self._proc.wait(5)
-            raise RewardFunctionError(f"reward.fn: the process importing {self.path!r} died (exit code {code})"
-                                      + path_hint(self.python_path)) from None
-        if hello["status"] != "ready":
-            self._proc.wait(5)
-            raise RewardFunctionError(hello["error"] + path_hint(self.python_path))
-        return Signature(**{k: tuple(v) if isinstance(v, list) else v for k, v in hello["signature"].items()}), \
-            hello["identity"]
+    def _start(self) -> None:
+        self.child = Child(_CHILD, [self.path, json.dumps(self.python_path), json.dumps(self.limits.__dict__)],
+                           what=f"importing {self.path!r}", hint=path_hint(self.python_path),
+                           error=_reward_fn_error, cpu_limit=f"reward.cpu_s = {self.limits.cpu_s:g}",
+                           stdout=_stderr_fd())
+        hello = self.child.hello
+        self.signature = Signature(**{k: tuple(v) if isinstance(v, list) else v for k, v in hello["signature"].items()})
+        self.identity: dict = hello["identity"]
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.child.proc
 
     def call(self, op: str, kwargs: dict, n: int, timeout_s: float) -> list[tuple[float, str | None]]:
         """n results of one call: op "call" (one sample) or "batch" (n samples)."""
-        try:
-            self._conn.send_bytes(json.dumps({"op": op, "kwargs": kwargs, "n": n}).encode())
-            answered = self._conn.poll(timeout_s)
-        except (BrokenPipeError, ConnectionResetError):  # died before or while reading the call
-            answered = True
-        if not answered:
+        reply = self.child.ask({"op": op, "kwargs": kwargs, "n": n}, timeout_s)
+        if reply["status"] == "timeout":
             self._restart()
             return [(0.0, f"timed out after {timeout_s:g}s (reward process killed and replaced)")] * n
-        try:
-            reply = json.loads(self._conn.recv_bytes())
-        except (EOFError, ConnectionResetError):
-            why = self._death(self._proc.wait(5))
+        if reply["status"] == "died":
             self._restart()
-            return [(0.0, f"reward process {why}; replaced")] * n
+            return [(0.0, f"reward process {reply['error']}; replaced")] * n
         if reply["status"] == "out_of_memory":
             self._restart()
             return [(0.0, (f"{reply['error']}: over reward.memory_mb = {self.limits.memory_mb} "
@@ -293,38 +354,20 @@ class RewardProcess:
             return [(0.0, reply["error"])] * n
         return [(float(s), f) for s, f in reply["results"]]
 
-    def _death(self, code: int) -> str:
-        """Why the child ended, from its exit status: a signal by name, SIGXCPU as the CPU-time limit."""
-        if code >= 0:
-            return f"died (exit code {code})"
-        if -code == signal.SIGXCPU:
-            return f"exceeded its CPU-time limit (reward.cpu_s = {self.limits.cpu_s:g}; killed by SIGXCPU)"
-        try:
-            return f"died (killed by {signal.Signals(-code).name})"
-        except ValueError:
-            return f"died (killed by signal {-code})"
-
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-        if self._proc is not None:
-            self._proc.wait(5)
-        self._conn.close()
-
     def _restart(self) -> None:
-        self._kill()
-        self.signature, self.identity = self._start()
+        self.child.kill()
+        self._start()
 
     def close(self) -> None:
-        if self._proc is None:
-            return
-        try:
-            self._conn.send_bytes(json.dumps({"op": "stop"}).encode())
-            self._proc.wait(2)
-        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-            pass
-        self._kill()
-        self._proc = None
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
+
+
+def _reward_fn_error(message: str) -> RewardFunctionError:
+    """The reward process's start-up errors name the setting: "reward.fn: importing 'pkg:fn' took ...",
+    "reward.fn: the process importing ... died"; an error the child reported names it already."""
+    return RewardFunctionError(message if message.startswith("reward.fn:") else f"reward.fn: {message}")
 
 
 def _stderr_fd() -> int | None:

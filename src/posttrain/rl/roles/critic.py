@@ -217,7 +217,8 @@ class CriticWorker(SPMDWorker):
                 with precision.autocast(self.bf16):
                     v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                               self.tok.pad_token_id)
-                mask = mask & loss_mask(sh, lo, hi, mask.shape).to(mask.device)
+                if sh.sampled is not None:  # an episode's environment tokens: no loss, no GAE step
+                    mask = mask & loss_mask(sh, lo, hi, mask.shape).to(mask.device)
                 old = v.detach()
                 ret = ppo.gae_returns(pad_rows(sh.token_rewards[lo:hi], v.shape).to(self.device), old, mask,
                                       gamma=sh.gamma, lam=sh.lam)
@@ -250,7 +251,8 @@ class CriticWorker(SPMDWorker):
             with precision.autocast(self.bf16):
                 v, mask = response_values(self.net, sh.prompt_ids[lo:hi], sh.response_ids[lo:hi],
                                           self.tok.pad_token_id)
-            mask = mask & loss_mask(sh, lo, hi, mask.shape).to(mask.device)
+            if sh.sampled is not None:
+                mask = mask & loss_mask(sh, lo, hi, mask.shape).to(mask.device)
             old = pad_rows(sh.old_values[lo:hi], v.shape).to(self.device)
             ret = pad_rows(sh.returns[lo:hi], v.shape).to(self.device)
             loss, st = ppo.value_loss(v, old, ret, mask, clip_range=self.cfg.value_clip, normalizer=norm)

@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from posttrain.config import ModelConfig, RolloutBackend
+from posttrain.envs.episodes import Sampler
 from posttrain.models.generate import Generation, generate
 from posttrain.models.io import eos_token_ids, load_model, load_tokenizer, local_device
 from posttrain.rl import weight_transfer
@@ -27,17 +28,9 @@ from posttrain.rl.types import PromptBatch, Trajectories, WeightReport, WeightsH
 from posttrain.rl.weight_sync import weights_checksum
 
 
-class RolloutEngine(Protocol):
-    """Something that generates with the policy's weights. `tokenizer` decodes the responses."""
-
-    tokenizer: object
-
-    def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int,
-                 seed: int, top_p: float = 1.0, top_k: int = 0) -> list[Generation]:
-        """n samples per prompt (prompt-major), each stopped at any of the model's EOS ids. Every token's
-        log-prob is that of the distribution it was sampled from (temperature, top_k, top_p, renormalised:
-        posttrain.models.generate.sampling_logprobs), which the policy's drift check recomputes."""
-        ...
+class RolloutEngine(Sampler, Protocol):
+    """Something that generates with the policy's weights (`generate`, `tokenizer`: posttrain.envs.episodes.Sampler,
+    which multi-turn episodes drive too) and takes new ones."""
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         """Hold these tensors (cast to the engine's own dtype and device). `state` may be lazy (read from a
