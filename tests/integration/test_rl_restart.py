@@ -32,6 +32,9 @@ CFG = RLConfig(steps=4, prompts_per_step=8, samples_per_prompt=4, max_new_tokens
 """A warm-up longer than the run: the resumed steps must take the schedule's rate for their version (a base rate
 kept in the optimizer's param groups came back from a DCP checkpoint as the last scaled rate)."""
 PLACEMENT = PlacementConfig(policy_workers=2, rollout_workers=1, reward_workers=1, reference_workers=1)
+LEAN = PlacementConfig(policy_workers=1, rollout_workers=1, reward_workers=1)
+"""For the tests whose run ends at its first step: the fewest actors that still put the reward on its own worker
+(every actor start imports torch and transformers: ~8 CPU-s)."""
 TRACKING = TrackingConfig(wandb=False)
 METHOD = {"rollout": (RolloutWorker, "generate"), "reward": (RewardWorker, "score"),
           "reference": (ReferenceWorker, "log_probs"), "policy": (PolicyWorker, "update"),
@@ -54,20 +57,21 @@ def dies_once(role: str, marker: Path, at_call: int) -> type:
     return type(f"DiesOnce{role.title()}", (base,), {"marker": str(marker), method: call})
 
 
-PPO_CFG = replace(CFG, algorithm=Algorithm.PPO, critic_warmup_steps=1, parallelism=Parallelism.FSDP2)
+PPO_CFG = replace(CFG, algorithm=Algorithm.PPO, critic_warmup_steps=1, parallelism=Parallelism.FSDP2, kl_coef=0.0)
 """PPO: the critic trains alone in step 1, then both; its one-pass `fit` is its once-per-step call. Policy and
 critic sharded with FSDP2 (rl.parallelism): their state is restored shard by shard (the policy-kill test above
-restores DDP's)."""
+restores DDP's). No KL term: a reference actor (rebuilt at the restart as well) would only add start-ups - its
+own death is the test above."""
 
 
-def _run(tmp_path: Path, tiny, cfg: RLConfig, workers=None, tag: str = "run"):
+def _run(tmp_path: Path, tiny, cfg: RLConfig, workers=None, tag: str = "run", placement=PLACEMENT):
     from posttrain.artifacts import ArtifactStore
     from posttrain.rl.run import run_rl
 
     store = ArtifactStore(tmp_path / "store")
     model = store.put("model", "sft", tiny["model_dir"], run_id="t", parents=[], config={})
     data = store.put("dataset", "addition", tiny["dataset_dir"], run_id="t", parents=[], config={})
-    return run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=PLACEMENT, max_seq_len=32,
+    return run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=placement, max_seq_len=32,
                   tracking_cfg=TRACKING, start_model_dir=tiny["model_dir"], dataset_dir=tiny["dataset_dir"],
                   store_root=str(store.root), run_id="restart-test", parents=[model.id, data.id],
                   state_dir=tmp_path / f"state-{tag}", start_model_id=model.id, workers=workers)
@@ -120,8 +124,8 @@ def test_with_max_restarts_0_a_lost_worker_ends_the_run_naming_it(ray_local, tin
 
     ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with pytest.raises(WorkerLostError, match=r"stage reward\.score: worker reward\[0/1\]") as e:
-        _run(tmp_path, tiny_sft_model, replace(CFG, max_restarts=0),
-             workers={"reward": dies_once("reward", tmp_path / "killed", at_call=1)})
+        _run(tmp_path, tiny_sft_model, replace(CFG, max_restarts=0, kl_coef=0.0),
+             workers={"reward": dies_once("reward", tmp_path / "killed", at_call=1)}, placement=LEAN)
     assert "no restarts left (rl.max_restarts = 0)" in "".join(e.value.__notes__)
     _assert_released(ray_local)
 
@@ -143,8 +147,8 @@ def test_the_step_watchdog_names_the_step_and_stage(ray_local, tiny_sft_model, t
     # 30 s: room for a slow machine's start-up and rollout before the reward stage it must name
     with pytest.raises(StepTimeoutError, match=r"step 1 did not finish within rl.step_timeout_s = 30s "
                                                r"\(the controller is in stage 'reward'\)"):
-        _run(tmp_path, tiny_sft_model, replace(CFG, step_timeout_s=30, max_restarts=0),
-             workers={"reward": SlowRewardWorker})
+        _run(tmp_path, tiny_sft_model, replace(CFG, step_timeout_s=30, max_restarts=0, kl_coef=0.0),
+             workers={"reward": SlowRewardWorker}, placement=LEAN)
     assert time.monotonic() - t0 < 200  # the watchdog, not the 300 s call or the 60 s remote timeout after it
     _assert_released(ray_local)
 

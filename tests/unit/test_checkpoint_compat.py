@@ -37,7 +37,8 @@ def transformers_457(request):
     pytest's cache folder."""
     target = Path(request.config.cache.mkdir("transformers-4.57.6"))
     if not (target / "transformers-4.57.6.dist-info").exists():
-        p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+        # --no-compile: the checks compile what they import, once (make test writes bytecode)
+        p = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(target),
                             "transformers==4.57.6", "tokenizers==0.22.2"], check=False, capture_output=True, text=True,
                            timeout=600)
         if p.returncode != 0:
