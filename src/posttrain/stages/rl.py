@@ -29,6 +29,7 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     dtype and gradient checkpointing (None: fp32, no checkpointing).
     """
     from posttrain.envs.plan import check_episodes
+    from posttrain.rewards import reward_identity
     from posttrain.rl import model_inputs
     from posttrain.rl.run import run_rl
 
@@ -51,6 +52,7 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
                           (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
                           *([to_dict(model_cfg.lora)] if model_cfg and model_cfg.lora else []),
                           *([episodes] if episodes else []),
+                          *([reward_identity(reward)] if reward.fn else []),  # the function's source, not only its name
                           start_model.id, dataset.id,
                           source_digest("rl", "spmd", "models", "rewards", "envs", "data/verifiers.py"))
     hit = store.cache_get(key)
