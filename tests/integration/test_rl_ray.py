@@ -323,7 +323,7 @@ def test_multi_turn_episodes_through_real_actors(ray_local, tiny_sft_model, tmp_
                                      PlacementConfig(policy_workers=2, rollout_workers=1, environment_workers=1))
     assert res.steps == 2 and [m.policy_version for m in res.history] == [1, 2]
     for m in res.history:
-        assert 1 <= m.extra["episode/turns_mean"] <= 3 and m.extra["episode/tool_calls_mean"] == 0
+        assert 1 <= m.extra["env/turns_mean"] <= 3 and m.extra["env/tool_calls_mean"] == 0
         assert 0 <= m.extra["reward/env_mean"] <= 1 and "environment" in m.phase_s
         # the game's reward joined the verifier's: a sample right on the first attempt scores 1 + 1
         assert m.reward_mean <= 2.0 and m.generated_tokens > 0

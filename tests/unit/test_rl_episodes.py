@@ -59,7 +59,7 @@ def test_the_rollout_role_runs_whole_episodes_through_the_environment_role(roles
     assert all(r == 0.0 for r, f in zip(traj.env_rewards, traj.finished) if not f)
     assert env._owner == {}  # every episode finished and closed on the worker that held it
     m = episode_metrics(traj)
-    assert m["episode/turns_mean"] == sum(e.turns for e in traj.episodes) / 6 and m["episode/tool_calls_mean"] == 0
+    assert m["env/turns_mean"] == sum(e.turns for e in traj.episodes) / 6 and m["env/tool_calls_mean"] == 0
     assert traj.compute_s > 0
 
 

@@ -113,17 +113,18 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
 
 def episode_metrics(traj: Trajectories) -> dict[str, float]:
     """Multi-turn episodes' metrics (none for single-turn rollouts): turns and tool calls per episode, the share
-    that finished (answered before a limit), failed tool calls per episode by kind."""
+    that finished (answered before a limit), failed tool calls in the step (env/tool_errors; env/timeouts of
+    them; env/failures/<kind> each kind: raised, timeout, died, out_of_memory, not_text, unknown_tool, bad_call)."""
     eps = traj.episodes
     if not eps:
         return {}
     n = len(eps)
-    out = {"episode/turns_mean": sum(e.turns for e in eps) / n,
-           "episode/tool_calls_mean": sum(e.tool_calls for e in eps) / n,
-           "episode/finished": sum(traj.finished) / n,
-           "episode/tool_failures_mean": sum(sum(e.failures.values()) for e in eps) / n}
+    out = {"env/turns_mean": sum(e.turns for e in eps) / n, "env/tool_calls_mean": sum(e.tool_calls for e in eps) / n,
+           "env/finished": sum(traj.finished) / n,
+           "env/tool_errors": float(sum(sum(e.failures.values()) for e in eps)),
+           "env/timeouts": float(sum(e.failures.get("timeout", 0) for e in eps))}
     for kind in sorted({k for e in eps for k in e.failures}):
-        out[f"episode/failures/{kind}"] = sum(e.failures.get(kind, 0) for e in eps) / n
+        out[f"env/failures/{kind}"] = float(sum(e.failures.get(kind, 0) for e in eps))
     return out
 
 
