@@ -307,3 +307,26 @@ def test_stale_rollout_worker_stops_the_run(ray_local, tiny_sft_model, tmp_path)
         _run(tmp_path, tiny_sft_model, replace(SMALL, kl_coef=0.0),
              PlacementConfig(policy_workers=1), workers={"rollout": StaleRolloutWorker})
     _assert_released(ray_local)
+
+
+@pytest.mark.timeout(900)
+def test_multi_turn_episodes_through_real_actors(ray_local, tiny_sft_model, tmp_path):
+    """rl.environment on Ray: an environment actor (its sandboxed tool process imports the test's Retry game by
+    import path) answers the rollout worker's turns; two GRPO steps train on whole episodes, the game's reward
+    joins the verifier's, the episode metrics are logged and the RL model names the game's source hash."""
+    from posttrain.config import EpisodeConfig
+
+    game = "retry_env:Retry"
+    cfg = replace(SMALL, kl_coef=0.0, environment=game,
+                  episode=EpisodeConfig(python_path=[str(Path(__file__).parent)], max_turns=3, max_total_tokens=18))
+    store, res, _model, _data = _run(tmp_path, tiny_sft_model, cfg,
+                                     PlacementConfig(policy_workers=2, rollout_workers=1, environment_workers=1))
+    assert res.steps == 2 and [m.policy_version for m in res.history] == [1, 2]
+    for m in res.history:
+        assert 1 <= m.extra["env/turns_mean"] <= 3 and m.extra["env/tool_calls_mean"] == 0
+        assert 0 <= m.extra["reward/env_mean"] <= 1 and "environment" in m.phase_s
+        # the game's reward joined the verifier's: a sample right on the first attempt scores 1 + 1
+        assert m.reward_mean <= 2.0 and m.generated_tokens > 0
+    manifest = store.manifest(res.model)
+    assert set(manifest.extra["environment"]) == {game} and len(manifest.extra["environment"][game]) == 64
+    _assert_released(ray_local)

@@ -77,6 +77,16 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"placement": {"malloc_arena_max": -1}}', "placement.malloc_arena_max"),
     ('{"rl": {"prompts_per_step": 1, "samples_per_prompt": 2}, "placement": {"policy_workers": 4}}',
      "rl.prompts_per_step"),
+    ('{"rl": {"episode": {"max_turns": 2}}}', "rl.episode.max_turns"),  # does nothing without an environment
+    ('{"placement": {"environment_workers": 2}}', "placement.environment_workers"),
+    ('{"rl": {"environment": "not a path"}}', "rl.environment"),
+    ('{"rl": {"tools": ["pkg.mod:fn", "pkg.mod"]}}', "rl.tools[1]"),
+    ('{"rl": {"environment": "posttrain.envs.builtin:Calculator"}}', "rl.episode.max_total_tokens"),  # 256 > tiny_cpu's 32
+    ('{"rl": {"environment": "posttrain.envs.builtin:Calculator", "episode": {"max_total_tokens": 4}}}', "rl.episode.max_total_tokens"),
+    ('{"rl": {"environment": "posttrain.envs.builtin:Calculator", "episode": {"max_total_tokens": 24, "max_turns": 0}}}',
+     "rl.episode.max_turns"),
+    (('{"rl": {"algorithm": "dapo", "overlong_buffer": 2, "environment": "posttrain.envs.builtin:Calculator", '
+     '"episode": {"max_total_tokens": 24}}}'), "rl.overlong_buffer"),
     ('{"sft": {"stepz": 3}}', "sft"),
     ('{"sft": ', "overrides"),
 ])
@@ -84,6 +94,14 @@ def test_invalid_values_name_the_field(overrides, field):
     with pytest.raises(ConfigError) as e:
         resolve("tiny_cpu", overrides)
     assert str(e.value).startswith(field), str(e.value)
+
+
+def test_an_environment_may_be_the_whole_reward():
+    """rl.environment with reward.fn_weight 0: the environment's own rewards are the reward (whether it gives any
+    is checked when its workers start, registry.episode_rollout)."""
+    cfg = resolve("tiny_cpu", '{"rl": {"environment": "posttrain.envs.builtin:Calculator", "episode": {"max_total_tokens": 24}}, '
+                              '"reward": {"fn_weight": 0}}')
+    assert cfg.rl.environment == "posttrain.envs.builtin:Calculator" and cfg.rl.episode.max_total_tokens == 24 and cfg.reward.fn_weight == 0
 
 
 def test_removed_setting_is_refused_with_what_to_do_instead():

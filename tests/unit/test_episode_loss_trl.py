@@ -29,7 +29,7 @@ from posttrain.envs.calls import render_call
 from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, run_episodes
 from posttrain.rl.algorithms.grpo import policy_loss
 from tests.unit.test_dense_losses_trl import _trl_dir
-from tests.unit.test_episodes import TEXTS, InProcess, Script
+from tests.unit.test_episodes import TEXTS, Script, in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28
@@ -89,7 +89,7 @@ def _episode_masks() -> list[list[int]]:
     call = render_call("calculate", {"expression": "12 * 3"})
     masks = []
     for turns in ([call, "36"], [call, call, "The answer is 36."], ["36"], [call, "no idea, 35"]):
-        (ep,) = run_episodes(Script(tok, stop, turns), layout, InProcess(Calculator), [{}],
+        (ep,) = run_episodes(Script(tok, stop, turns), layout, in_process(Calculator), [{}],
                              [[{"role": "user", "content": "12 * 3?"}]], n=1,
                              limits=EpisodeLimits(max_turns=3, max_new_tokens=64), temperature=1.0, seed=0)
         masks.append(ep.sampled)

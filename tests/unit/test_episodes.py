@@ -12,8 +12,8 @@ import torch
 
 from posttrain.envs.builtin import Calculator, GuessNumber
 from posttrain.envs.calls import render_call
-from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, run_episodes
-from posttrain.envs.host import EnvironmentHost, StepResult
+from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, LocalEnv, run_episodes
+from posttrain.envs.host import EnvironmentHost
 from posttrain.envs.tools import ToolError
 from posttrain.models.generate import Generation
 
@@ -21,24 +21,9 @@ TEXTS = ["What is 123 * 456?", render_call("calculate", {"expression": "123 * 45
          "<tool_response>\n56088\n</tool_response>", "Guess the number between 1 and 32. higher lower correct"] * 20
 
 
-class InProcess:
-    """The ToolProcess interface over an in-process host (the process itself is tested in test_envs.py)."""
-
-    def __init__(self, env_cls):
-        self.host = EnvironmentHost(env_cls)
-        self.specs, self.has_step = self.host.specs, self.host.has_step
-
-    def open(self, key, row):
-        return self.host.open(key, row)
-
-    def call(self, key, name, arguments):
-        return self.host.call(key, name, arguments)
-
-    def step(self, key, text) -> StepResult:
-        return self.host.step(key, text)
-
-    def close(self, key):
-        self.host.close(key)
+def in_process(env_cls) -> LocalEnv:
+    """The episodes' environment over an in-process host (the tool process itself is tested in test_envs.py)."""
+    return LocalEnv(EnvironmentHost(env_cls))
 
 
 class Script:
@@ -73,7 +58,7 @@ def test_a_tool_episode_keeps_the_sampled_ids_and_appends_the_templates_ids(tok)
     call = render_call("calculate", {"expression": "123 * 456"})
     engine = Script(tok, stop, [call, "The answer is 56088."])
     messages = [[{"role": "user", "content": "What is 123 * 456?"}]]
-    (ep,) = run_episodes(engine, layout, InProcess(Calculator), [{}], messages, n=1,
+    (ep,) = run_episodes(engine, layout, in_process(Calculator), [{}], messages, n=1,
                          limits=EpisodeLimits(max_new_tokens=64), temperature=1.0, seed=0)
     t1 = tok(call, add_special_tokens=False)["input_ids"] + [stop]
     t2 = tok("The answer is 56088.", add_special_tokens=False)["input_ids"] + [stop]
@@ -98,7 +83,7 @@ def test_bad_calls_are_answered_and_counted_and_limits_end_episodes(tok):
     layout = EpisodeLayout.check(tok, [stop])
     bad = '<tool_call>{"name": "calculate", "arguments": {"expression": "2 ** 99"}}</tool_call>'
     engine = Script(tok, stop, [bad, "<tool_call>oops</tool_call>", "no"])
-    (ep,) = run_episodes(engine, layout, InProcess(Calculator), [{}], [[{"role": "user", "content": "q"}]], n=1,
+    (ep,) = run_episodes(engine, layout, in_process(Calculator), [{}], [[{"role": "user", "content": "q"}]], n=1,
                          limits=EpisodeLimits(max_turns=2, max_new_tokens=64), temperature=1.0, seed=0)
     assert ep.tool_failures == {"raised": 1, "bad_call": 1} and ep.turns == 2 and not ep.finished
     assert "ValueError: only integers" in ep.transcript[1][1] and "not valid JSON" in ep.transcript[3][1]
@@ -109,7 +94,7 @@ def test_bad_calls_are_answered_and_counted_and_limits_end_episodes(tok):
     assert layout.cut("9" * 500, 8).endswith("[... 492 more tokens cut]")
     # max_total_tokens: the episode ends unfinished where the tokens run out
     engine = Script(tok, stop, [render_call("calculate", {"expression": "1 + 1"})] * 3)
-    (ep,) = run_episodes(engine, layout, InProcess(Calculator), [{}], [[{"role": "user", "content": "q"}]], n=1,
+    (ep,) = run_episodes(engine, layout, in_process(Calculator), [{}], [[{"role": "user", "content": "q"}]], n=1,
                          limits=EpisodeLimits(max_turns=3, max_new_tokens=64, max_total_tokens=60), temperature=1.0, seed=0)
     assert len(ep.response_ids) <= 60 and not ep.finished
 
@@ -138,10 +123,12 @@ def test_a_real_model_plays_several_turns_and_its_sampling_logprobs_are_the_teac
     layout = EpisodeLayout.check(tok, engine.eos_ids)
     rows = [{"low": 1, "high": 99, "secret": s, "max_turns": 3} for s in (7, 50, 93)]
     messages = [[{"role": "user", "content": "12+34="}]] * 3
-    eps = run_episodes(engine, layout, InProcess(GuessNumber), rows, messages, n=2,
+    eps = run_episodes(engine, layout, in_process(GuessNumber), rows, messages, n=2,
                        limits=EpisodeLimits(max_turns=3, max_new_tokens=12, max_total_tokens=200),
                        temperature=1.0, seed=3)
     assert len(eps) == 6 and max(e.turns for e in eps) >= 2 and any(0 in e.sampled for e in eps)
+    # the game's own reward, read at each episode's end: 0 unless solved, then 1 down to 0.5 with more guesses
+    assert all(e.env_reward == 0.0 or (e.finished and 0.5 <= e.env_reward <= 1.0) for e in eps)
     model = load_model(str(tiny_sft_model["model_dir"]), device="cpu")
     model.eval()
     with torch.no_grad():
@@ -152,3 +139,24 @@ def test_a_real_model_plays_several_turns_and_its_sampling_logprobs_are_the_teac
         for t, (s, lp) in enumerate(zip(e.sampled, e.logprobs)):
             if s:
                 assert abs(float(teacher[i, t]) - lp) < 1e-4, (i, t)
+
+
+def test_the_rl_stage_checks_its_episodes_before_any_actor_and_keys_on_their_source(tmp_path):
+    """envs.plan.check_episodes (stages.rl, before Ray): the environment imports in a short-lived child and
+    its source hash is returned for the cache key; a bad import path or a template that cannot keep an
+    episode's tokens is refused, naming it."""
+    from posttrain.config import RLConfig
+    from posttrain.envs.plan import check_episodes
+    from posttrain.models.tokenizer import train_tokenizer
+
+    folder = tmp_path / "tok"
+    train_tokenizer(TEXTS, 300, folder)
+    assert check_episodes(RLConfig(), str(folder)) == {}
+    ident = check_episodes(RLConfig(environment="posttrain.envs.builtin:Calculator"), str(folder))
+    assert list(ident) == ["posttrain.envs.builtin:Calculator"] and len(ident["posttrain.envs.builtin:Calculator"]) == 64
+    with pytest.raises(ToolError, match="rl.environment"):
+        check_episodes(RLConfig(environment="posttrain.envs.builtin:NoSuchGame"), str(folder))
+    (folder / "chat_template.jinja").write_text(  # a template that renders only the last turn
+        "{% for m in messages[-1:] %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ToolError, match=f"the chat template of {folder} does not render"):
+        check_episodes(RLConfig(environment="posttrain.envs.builtin:Calculator"), str(folder))

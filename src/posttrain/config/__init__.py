@@ -44,6 +44,7 @@ from posttrain.config.errors import ConfigError
 from posttrain.config.pipeline import PipelineConfig, objective_of
 from posttrain.config.sections import (
     DataConfig,
+    EpisodeConfig,
     EvalConfig,
     LoraConfig,
     ModelConfig,
@@ -69,6 +70,7 @@ __all__ = [
     "DataSchema",
     "DistillConfig",
     "DistillLoss",
+    "EpisodeConfig",
     "EvalConfig",
     "KLEstimator",
     "LoraConfig",

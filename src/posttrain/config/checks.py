@@ -20,6 +20,7 @@ from posttrain.config.errors import ConfigError
 from posttrain.config.pipeline import PipelineConfig
 from posttrain.config.sections import (
     DataConfig,
+    EpisodeConfig,
     EvalConfig,
     ModelConfig,
     PlacementConfig,
@@ -55,8 +56,9 @@ def validate(cfg: PipelineConfig, sections: tuple[str, ...] = DENSE) -> Pipeline
         _check_pairs(cfg.pairs, cfg.model)
     _check_eval(cfg.eval, cfg.model)
     _check_rl(cfg.rl, cfg.model)
-    _check_reward(cfg.reward, trained_model="rlhf" in sections)
+    _check_reward(cfg.reward, trained_model="rlhf" in sections, environment=bool(cfg.rl.environment))
     _check_placement(cfg.placement, cfg.rl)
+    _check_episodes(cfg.rl, cfg.model, cfg.placement)
     _check_tracking(cfg.tracking)
     return cfg
 
@@ -193,7 +195,9 @@ def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
     _check(e.backend != RolloutBackend.VLLM or vllm_installed(), "eval.backend", _NO_VLLM)
 
 
-def _check_reward(w: RewardConfig, *, trained_model: bool = False) -> None:
+def _check_reward(w: RewardConfig, *, trained_model: bool = False, environment: bool = False) -> None:
+    """`environment`: rl.environment is set - its own rewards may be the whole reward (reward.fn_weight 0; that
+    it gives any is checked when its workers start: registry.episode_rollout)."""
     _check(w.fn == "" or _is_import_path(w.fn), "reward.fn", "must look like 'module:function'")
     _check(w.timeout_s > 0, "reward.timeout_s", "must be > 0")
     _check(w.memory_mb >= 0, "reward.memory_mb", "must be >= 0 (0: no limit)")
@@ -208,11 +212,13 @@ def _check_reward(w: RewardConfig, *, trained_model: bool = False) -> None:
            f"needs one weight per reward.models entry ({len(w.models)}), got {len(w.model_weights)}")
     _check(all(math.isfinite(x) for x in w.model_weights), "reward.model_weights", "must be finite")
     _check(math.isfinite(w.fn_weight) and w.fn_weight >= 0, "reward.fn_weight", "must be a finite number >= 0")
-    models = bool(w.models) or trained_model
+    models = bool(w.models) or trained_model or environment
     _check(w.fn_weight > 0 or models, "reward.fn_weight",
-           "0 leaves no reward: set reward.models (or run rlhf_pipeline, which trains one), or a weight > 0")
+           "0 leaves no reward: set reward.models (or run rlhf_pipeline, which trains one), rl.environment, or a "
+           "weight > 0")
     _check(w.fn_weight == 1.0 or models, "reward.fn_weight",
-           "only means something with reward.models set (the function is the whole reward otherwise)")
+           "only means something with reward.models or rl.environment set (the function is the whole reward "
+           "otherwise)")
 
 
 def _used_only_by(r: RLConfig, name: str, algorithms: tuple[Algorithm, ...], why: str = "") -> None:
@@ -288,6 +294,37 @@ def _check_rl_algorithm(r: RLConfig) -> None:
                f"{algo.clip.why}: {r.clip_low} / {r.clip_high} would almost never clip; the paper uses "
                f"{algo.defaults['clip_low'].value:g} / {algo.defaults['clip_high'].value:g} "
                f"({r.algorithm.value}'s defaults: leave both unset to take them)")
+
+
+def _check_episodes(r: RLConfig, m: ModelConfig, p: PlacementConfig) -> None:
+    """rl.environment / rl.tools and their limits (rl.episode)."""
+    _check(r.environment == "" or _is_import_path(r.environment), "rl.environment", "must look like 'module:Class'")
+    for i, t in enumerate(r.tools):
+        _check(isinstance(t, str) and _is_import_path(t), f"rl.tools[{i}]", f"must look like 'module:function', got {t!r}")
+    _check(len(set(r.tools)) == len(r.tools), "rl.tools", "names a function twice")
+    e = r.episode
+    _check(p.environment_workers >= 1, "placement.environment_workers", "must be >= 1")
+    _check(p.environment_workers == 1 or bool(r.environment or r.tools), "placement.environment_workers",
+           "only means something with rl.environment or rl.tools set")
+    if not (r.environment or r.tools):
+        for name in EpisodeConfig.__dataclass_fields__:
+            _check(getattr(e, name) == getattr(EpisodeConfig(), name), f"rl.episode.{name}",
+                   "only means something with rl.environment or rl.tools set")
+        return
+    _check(all(isinstance(x, str) and x.strip() for x in e.python_path), "rl.episode.python_path",
+           "entries must be non-empty folder paths")
+    _check(e.max_turns >= 1, "rl.episode.max_turns", "must be >= 1")
+    _check(e.max_env_tokens >= 1, "rl.episode.max_env_tokens", "must be >= 1")
+    _check(e.max_total_tokens >= r.max_new_tokens, "rl.episode.max_total_tokens",
+           f"must be >= rl.max_new_tokens = {r.max_new_tokens} (room for one sampled turn)")
+    _check(e.max_total_tokens < m.max_seq_len, "rl.episode.max_total_tokens",
+           f"must be < model.max_seq_len = {m.max_seq_len} (the prompt and the whole episode share it)")
+    _check(e.tool_timeout_s > 0, "rl.episode.tool_timeout_s", "must be > 0")
+    _check(e.tool_cpu_s >= 0, "rl.episode.tool_cpu_s", "must be >= 0 (0: no limit)")
+    _check(e.tool_memory_mb >= 0, "rl.episode.tool_memory_mb", "must be >= 0 (0: no limit)")
+    _check(e.max_result_chars >= 1, "rl.episode.max_result_chars", "must be >= 1")
+    _check(r.overlong_buffer == 0, "rl.overlong_buffer",
+           "must be 0 with multi-turn episodes: DAPO's overlong punishment reads one completion's length")
 
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:

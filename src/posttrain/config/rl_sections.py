@@ -62,6 +62,35 @@ class RewardConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EpisodeConfig:
+    """Multi-turn episodes (rl.environment / rl.tools, posttrain.envs): their limits and where the user's code is
+    imported from. The environment and its tools run in a process of their own per worker, never in a worker."""
+
+    python_path: list[str] = field(default_factory=list)
+    """Folders put first on the tool process's sys.path: where the environment's or tools' modules live. Must
+    exist where RL runs."""
+    max_turns: int = 4
+    """Turns the policy samples per episode, each at most rl.max_new_tokens; the environment answers after each
+    but the last (which is the episode's answer whatever it says)."""
+    max_env_tokens: int = 64
+    """Tokens of one environment answer (a tool's result, an observation); a longer one is cut to this, with a
+    visible marker the model reads."""
+    max_total_tokens: int = 256
+    """Response tokens of one episode, sampled and the environment's together; an episode that reaches it ends,
+    unfinished. Prompt + this must fit model.max_seq_len."""
+    tool_timeout_s: float = 10.0
+    """Wall seconds per tool call, reset or step: over it the call fails (the model reads why), the tool process
+    is replaced and its open episodes replayed into the new one."""
+    tool_cpu_s: float = 0.0
+    """CPU seconds per call (0: no limit); differs from tool_timeout_s for a tool that runs several threads."""
+    tool_memory_mb: int = 0
+    """Memory a call may add to what importing the environment took (0: no limit); over it the call fails as
+    out_of_memory and the process is replaced. Linux only."""
+    max_result_chars: int = 65536
+    """A tool result or observation longer than this is cut in the tool process, before it travels."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RLConfig:
     enabled: bool = True
     """Run the RL stage after SFT."""
@@ -189,6 +218,22 @@ class RLConfig:
     worker ends the run."""
     rollout_backend: RolloutBackend = RolloutBackend.TRANSFORMERS
     """Generation engine for rollouts (vLLM needs a separate install)."""
+    environment: str = ""
+    """Multi-turn episodes in an environment: its class by import path, `module:Class` (imported in the tool
+    process, never eval'ed). One instance per episode, built empty; `reset(**row)` gets the dataset row's fields
+    and may return the first observation; its public, typed methods with Google-style docstrings are the tools
+    the model calls (their JSON schemas come from the signatures, as transformers.utils.get_json_schema and
+    TRL's environment_factory make them); an optional `step(text)` answers every turn instead (games,
+    simulated users) and may give a per-turn reward or end the episode; an optional `get_reward()` is the
+    episode's own reward. The model calls tools in the documented format of posttrain.envs.calls, rendered
+    through its own chat template. Limits: rl.episode. "" (and no rl.tools): one completion per prompt."""
+    tools: list[str] = field(default_factory=list)
+    """Plain tool functions by import path (`module:function`, typed, with docstrings): the simple case of
+    rl.environment - episodes whose only environment is these tools. Both may be set: the environment's tools
+    and these."""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    """Limits of multi-turn episodes and where their code is imported from; only with rl.environment or
+    rl.tools."""
     seed: int = 0
     """Seed for prompt sampling and rollout sampling."""
 
@@ -209,6 +254,9 @@ class PlacementConfig:
     """Teacher log-prob workers (only created with rl.algorithm on_policy_distill)."""
     reward_workers: int = 1
     """Reward scoring workers."""
+    environment_workers: int = 1
+    """Workers of the environment role (created only with rl.environment or rl.tools): each runs one sandboxed
+    tool process holding the instances of the episodes it was given."""
     critic_workers: int = 0
     """PPO: ranks of the SPMD critic group; 0: as many as policy_workers."""
     reward_model_workers: int = 1

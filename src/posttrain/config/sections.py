@@ -18,7 +18,7 @@ from posttrain.config.enums import (
     Parallelism,
     RolloutBackend,
 )
-from posttrain.config.rl_sections import PlacementConfig, RewardConfig, RLConfig  # noqa: F401 - re-exported
+from posttrain.config.rl_sections import EpisodeConfig, PlacementConfig, RewardConfig, RLConfig  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True, kw_only=True)

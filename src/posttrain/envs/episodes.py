@@ -3,8 +3,14 @@ its `step`'s observation), the answer is appended AS TOKENS, and the model sampl
 exactly the ids it will be trained on.
 
     layout = EpisodeLayout.check(tokenizer, stop_ids)        # at plan: refused if the template cannot do it
-    episodes = run_episodes(engine, layout, tools, rows, messages, n=4, limits=EpisodeLimits(...), ...)
+    env = LocalEnv(ToolProcess(environment="pkg:Env"))       # or the RL run's environment role (batched, remote)
+    episodes = run_episodes(engine, layout, env, rows, messages, n=4, limits=EpisodeLimits(...), ...)
     episodes[i].response_ids, .logprobs, .sampled           # sampled == 1: the policy's; 0: the environment's
+
+Who does what: the driver of `run_episodes` holds the tokens (it samples, appends, renders the environment's
+turn with the layout); the environment (`EpisodeEnv`: `open`, `respond`, `finish`, batched over episodes) holds
+the instances and answers a finished turn with text - a tool's result, a `step`'s observation, or "that was
+the answer". `LocalEnv` is that over one tool process; the RL run's environment role shards it over workers.
 
 Token-exactness: a sampled turn's ids are kept as sampled - never decoded and re-tokenized (the trainer would
 score different tokens than were sampled: TRL #5224). Only the environment's text is tokenized, and only
@@ -25,6 +31,7 @@ with a visible marker), and total response tokens (an episode reaching it ends, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +56,85 @@ class Sampler(Protocol):
         log-prob is that of the distribution it was sampled from (temperature, top_k, top_p, renormalised:
         posttrain.models.generate.sampling_logprobs), which the policy's drift check recomputes."""
         ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvReply:
+    """The environment's answer to one finished turn."""
+    answer: str | None
+    """The text the model reads next (a tool's result, an error the model made or a tool's failure, an
+    observation); None: the turn was the episode's answer (no tool call, or the environment ended it)."""
+    tool_call: bool = False
+    """The turn called a tool (well-formed or not)."""
+    failure: str | None = None
+    """Why the call failed: the tool process's kind (raised, timeout, died, out_of_memory, not_text,
+    unknown_tool) or the model's own (bad_call)."""
+    reward: float | None = None
+    """A per-turn reward the environment's `step` gave."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeEnd:
+    """What the environment says when an episode is over."""
+    reward: float | None
+    """The episode's own reward (`get_reward()`), or None without one."""
+
+
+class EpisodeEnv(Protocol):
+    """The environment side of episodes, batched: each call takes the keys of several episodes."""
+
+    specs: list[ToolSpec]
+    """The tools the model is shown (empty for an environment that only has `step`)."""
+
+    def open(self, keys: Sequence[str], rows: Sequence[dict]) -> list[str | None]:
+        """A fresh instance per key, reset with its row; each one's first observation or None."""
+        ...
+
+    def respond(self, keys: Sequence[str], texts: Sequence[str]) -> list[EnvReply]:
+        """Each episode's answer to the turn the model just finished (`texts`: its decoded text)."""
+        ...
+
+    def finish(self, keys: Sequence[str]) -> list[EpisodeEnd]:
+        """Each episode's own reward, then its instance is closed."""
+        ...
+
+
+class LocalEnv:
+    """EpisodeEnv over one tool host in this process's reach: a ToolProcess (the user's code in its sandboxed
+    child) or an EnvironmentHost (in-process: tests). A tool call in the documented format runs the tool; a
+    turn without one is the answer; with a `step`, every turn goes to `step` instead."""
+
+    def __init__(self, tools):
+        self.tools, self.specs = tools, tools.specs
+
+    def open(self, keys, rows):
+        return [self.tools.open(k, r) for k, r in zip(keys, rows)]
+
+    def respond(self, keys, texts):
+        return [self._respond(k, t) for k, t in zip(keys, texts)]
+
+    def _respond(self, key: str, text: str) -> EnvReply:
+        if self.tools.has_step:
+            r = self.tools.step(key, text)
+            return EnvReply(answer=None if r.done else r.observation, reward=r.reward)
+        call = parse_call(text, self.specs)
+        if call is None:
+            return EnvReply(answer=None)
+        if isinstance(call, CallError):
+            return EnvReply(answer=f"error: {call.message}", tool_call=True, failure="bad_call")
+        out = self.tools.call(key, call.name, call.arguments)
+        if isinstance(out, ToolFailure):
+            return EnvReply(answer=f"error: {out.message}", tool_call=True, failure=out.kind)
+        return EnvReply(answer=out, tool_call=True)
+
+    def finish(self, keys):
+        ends = []
+        for k in keys:
+            try:
+                ends.append(EpisodeEnd(reward=self.tools.reward(k) if self.tools.has_reward else None))
+            finally:
+                self.tools.close(k)
+        return ends
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +166,8 @@ class Episode:
     """Failed calls by kind: the tool process's (raised, timeout, died, ...) and the model's own (bad_call)."""
     step_rewards: list[float] = field(default_factory=list)
     """Per-turn rewards an environment's `step` gave."""
+    env_reward: float | None = None
+    """The episode's own reward (`get_reward()`), read when it ended; None without one."""
     transcript: list[tuple[str, str]] = field(default_factory=list)
     """(who, text) in order: ("policy", turn text), ("tool", result), ("env", observation)."""
     final_text: str = ""
@@ -160,83 +248,69 @@ def _render(tokenizer, messages: list[dict], gen: bool) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
 
 
-def run_episodes(engine: Sampler, layout: EpisodeLayout, tools, rows: list[dict], messages: list[list[dict]], *,
-                 n: int, limits: EpisodeLimits, temperature: float, seed: int, top_p: float = 1.0,
-                 top_k: int = 0, key_prefix: str = "ep") -> list[Episode]:
-    """n episodes per row (row-major, as `generate` orders samples), all turns batched across episodes.
-    `tools` is a ToolProcess (or anything with its open / call / step / close and `specs`, `has_step`)."""
-    specs = tools.specs
+def run_episodes(engine: Sampler, layout: EpisodeLayout, env: EpisodeEnv, rows: list[dict],
+                 messages: list[list[dict]], *, n: int, limits: EpisodeLimits, temperature: float, seed: int,
+                 top_p: float = 1.0, top_k: int = 0, key_prefix: str = "ep") -> list[Episode]:
+    """n episodes per row (row-major, as `generate` orders samples), every turn batched across the episodes
+    still going: one `generate` and one `respond` per turn."""
     keys = [f"{key_prefix}-{i}-{j}" for i in range(len(rows)) for j in range(n)]
-    episodes: list[Episode] = []
-    for key, (i, row) in zip(keys, [(i, r) for i, r in enumerate(rows) for _ in range(n)]):
-        first = tools.open(key, row)
-        episodes.append(Episode(prompt_ids=layout.prompt_ids(messages[i], specs, first)))
-    active = list(range(len(episodes)))
+    row_of = [i for i in range(len(rows)) for _ in range(n)]
+    firsts = env.open(keys, [rows[i] for i in row_of])
     try:
+        episodes = [Episode(prompt_ids=layout.prompt_ids(messages[i], env.specs, first))
+                    for i, first in zip(row_of, firsts)]
+        active = list(range(len(episodes)))
         for turn in range(limits.max_turns):
             if not active:
                 break
             gens = engine.generate([episodes[e].prompt_ids + episodes[e].response_ids for e in active], n=1,
                                    temperature=temperature, max_new_tokens=limits.max_new_tokens,
                                    seed=seed + 1_000_003 * turn, top_p=top_p, top_k=top_k)
-            still = []
-            for e, g in zip(active, gens):
-                if _take_turn(episodes[e], keys[e], g, layout, tools, specs, limits, last=turn == limits.max_turns - 1):
-                    still.append(e)
-            active = still
+            asking = [e for e, g in zip(active, gens) if _sampled_turn(episodes[e], g, layout, limits)]
+            replies = env.respond([keys[e] for e in asking], [episodes[e].final_text for e in asking])
+            active = [e for e, r in zip(asking, replies)
+                      if _env_turn(episodes[e], r, layout, limits, last=turn == limits.max_turns - 1)]
     finally:
-        for key in keys:
-            tools.close(key)
+        ends = env.finish(keys)
+    for ep, end in zip(episodes, ends):
+        ep.env_reward = end.reward
     return episodes
 
 
-def _take_turn(ep: Episode, key: str, g, layout: EpisodeLayout, tools, specs, limits: EpisodeLimits,
-               last: bool) -> bool:
-    """Append one sampled turn and, unless the episode ends, the environment's answer. True: it goes on."""
+def _sampled_turn(ep: Episode, g, layout: EpisodeLayout, limits: EpisodeLimits) -> bool:
+    """Append one sampled turn. True: it ended the turn at a turn-stop, so the environment answers it."""
     room = limits.max_total_tokens - len(ep.response_ids)
     ids, lps = list(g.response_ids[:room]), list(g.logprobs[:room])
     ep.response_ids += ids
     ep.logprobs += lps
     ep.sampled += [1] * len(ids)
     ep.turns += 1
-    ended_at_stop = bool(ids) and g.finished and len(ids) == len(g.response_ids)
     text = layout.tokenizer.decode(ids, skip_special_tokens=True)
     ep.transcript.append(("policy", text))
     ep.final_text = text
-    if not ended_at_stop:  # ran out of tokens mid-turn: the episode ends unfinished
-        return False
+    if not (bool(ids) and g.finished and len(ids) == len(g.response_ids)):
+        return False  # ran out of tokens mid-turn: the episode ends unfinished
     if ids[-1] not in layout.turn_stops:  # a stop that ends the whole text, not the turn: a final answer
         ep.finished = True
         return False
-    if tools.has_step:
-        r = tools.step(key, text)
-        if r.reward is not None:
-            ep.step_rewards.append(r.reward)
-        ep.transcript.append(("env", r.observation))
-        if r.done:
-            ep.finished = True
-            return False
-        answer = r.observation
-    else:
-        call = parse_call(text, specs)
-        if call is None:  # a final answer
-            ep.finished = True
-            return False
+    return True
+
+
+def _env_turn(ep: Episode, r: EnvReply, layout: EpisodeLayout, limits: EpisodeLimits, last: bool) -> bool:
+    """Record the environment's reply and append its turn as tokens. True: the episode goes on."""
+    if r.reward is not None:
+        ep.step_rewards.append(r.reward)
+    if r.tool_call:
         ep.tool_calls += 1
-        if isinstance(call, CallError):
-            ep.tool_failures["bad_call"] = ep.tool_failures.get("bad_call", 0) + 1
-            answer = f"error: {call.message}"
-        else:
-            out = tools.call(key, call.name, call.arguments)
-            if isinstance(out, ToolFailure):
-                ep.tool_failures[out.kind] = ep.tool_failures.get(out.kind, 0) + 1
-                answer = f"error: {out.message}"
-            else:
-                answer = out
-        ep.transcript.append(("tool", answer))
+    if r.failure:
+        ep.tool_failures[r.failure] = ep.tool_failures.get(r.failure, 0) + 1
+    if r.answer is None:  # the turn was the answer (or the environment ended the episode)
+        ep.finished = True
+        return False
+    ep.transcript.append(("tool" if r.tool_call else "env", r.answer))
     if last:  # the environment answered the last turn the episode has: it ends without a final answer
         return False
-    env = layout.env_ids(ids[-1], layout.cut(answer, limits.max_env_tokens))
+    env = layout.env_ids(ep.response_ids[-1], layout.cut(r.answer, limits.max_env_tokens))
     if len(ep.response_ids) + len(env) >= limits.max_total_tokens:
         return False
     ep.response_ids += env

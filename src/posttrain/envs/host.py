@@ -5,7 +5,7 @@ trainer's: user code is imported there only.
 The environment convention (TRL's `environment_factory`, OpenEnv's reset/step):
 
     class Calculator:                       # rl.environment = "my_pkg.envs:Calculator"
-        def reset(self, **row) -> str | None:      # optional: the row's fields; may return a first observation
+        def reset(self, **row) -> str | None:      # optional: the row's fields it names; may return a first observation
         def calculate(self, expression: str) -> str:  # every other public method is a tool (typed, documented)
         def step(self, text: str) -> str | dict:   # optional: text-in / text-out (games, simulated users)
         def get_reward(self) -> float:             # optional: the episode's own reward, read at its end
@@ -20,6 +20,7 @@ reads instead (and which is counted); the host never raises from a tool call.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Callable
@@ -68,6 +69,15 @@ def _reward(value: Any, where: str) -> float:
     return float(value)
 
 
+def _named(fn: Callable, row: dict) -> dict:
+    """The row's fields `fn` names (all of them when it takes **kwargs), as reward functions get theirs."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return dict(row)
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in row.items() if k in names}
+
+
 class EnvironmentHost:
     """The episodes' environment instances in this process, by episode key."""
 
@@ -92,7 +102,7 @@ class EnvironmentHost:
             self._episodes[key] = None
             return None
         env = self.env_cls()
-        obs = env.reset(**row) if callable(getattr(env, "reset", None)) else None
+        obs = env.reset(**_named(env.reset, row)) if callable(getattr(env, "reset", None)) else None
         self._episodes[key] = env
         if obs is not None and not isinstance(obs, str):
             raise ValueError(f"{self.env_cls.__qualname__}.reset returned a {type(obs).__name__}, not a str or None")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from posttrain.config import TrackingConfig
 from posttrain.rl.loops.common import StepOutcome
 from posttrain.rl.ragged import trained_tokens
+from posttrain.rl.types import Trajectories
 from posttrain.tracking import Tracker
 from posttrain.tracking.wandb_run import WandbRun
 
@@ -105,8 +106,26 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
         response_len_mean=n_tokens / len(traj.response_ids),
         generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase_s["rollout"], 1e-9),
         phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s),
-        extra={**outcome.extra, **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max,
-                                    "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})})
+        extra={**outcome.extra, **episode_metrics(traj),
+               **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max,
+                   "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})})
+
+
+def episode_metrics(traj: Trajectories) -> dict[str, float]:
+    """Multi-turn episodes' metrics (none for single-turn rollouts): turns and tool calls per episode, the share
+    that finished (answered before a limit), failed tool calls in the step (env/tool_errors; env/timeouts of
+    them; env/failures/<kind> each kind: raised, timeout, died, out_of_memory, not_text, unknown_tool, bad_call)."""
+    eps = traj.episodes
+    if not eps:
+        return {}
+    n = len(eps)
+    out = {"env/turns_mean": sum(e.turns for e in eps) / n, "env/tool_calls_mean": sum(e.tool_calls for e in eps) / n,
+           "env/finished": sum(traj.finished) / n,
+           "env/tool_errors": float(sum(sum(e.failures.values()) for e in eps)),
+           "env/timeouts": float(sum(e.failures.get("timeout", 0) for e in eps))}
+    for kind in sorted({k for e in eps for k in e.failures}):
+        out[f"env/failures/{kind}"] = float(sum(e.failures.get(kind, 0) for e in eps))
+    return out
 
 
 def failure_line(m: StepMetrics) -> str:

@@ -106,6 +106,7 @@ class ControllerActor:
         from posttrain.rl.controller import Controller
         from posttrain.rl.metrics import RLTracker
         from posttrain.rl.remote import gather
+        from posttrain.rl.roles.episode_rollout import EpisodeRollout
         from posttrain.rl.state import Checkpointer, PromptSampler, reward_identity
 
         cfg, t = spec.rl_cfg, spec.rl_cfg.remote_timeout_s
@@ -114,15 +115,19 @@ class ControllerActor:
         ctx = registry.GroupContext(settings=spec.settings(), ids=ids, timeout_s=t, weights_folder=spec.weights_folder)
         groups = {role: registry.build_group(registry.ROLES[role], hs, ids[role], ctx) for role, hs in handles.items()}
         groups.update(registry.served_by_policy(ctx.settings, groups))
+        groups.update(registry.episode_rollout(ctx.settings, groups, spec.max_seq_len))
         examples = read_examples(spec.dataset_dir, "train")
+        rollout = groups["rollout"]  # an episode's response holds its turns and the environment's answers
+        room = rollout.prompt_room if isinstance(rollout, EpisodeRollout) else cfg.max_new_tokens
         sampler = PromptSampler(examples, load_tokenizer(spec.start_model_dir), prompts_per_step=cfg.prompts_per_step,
-                                seed=cfg.seed, max_prompt_len=spec.max_seq_len - cfg.max_new_tokens)
+                                seed=cfg.seed, max_prompt_len=spec.max_seq_len - room)
         lora = spec.model_cfg.lora if spec.model_cfg is not None else None  # the checkpoints are adapters
         config = {"rl": to_dict(cfg), "reward": to_dict(spec.reward_cfg), "placement": to_dict(spec.placement_cfg),
                   "max_seq_len": spec.max_seq_len, **({"lora": to_dict(lora)} if lora else {})}
         self.checkpointer = Checkpointer(
             state_dir=spec.state_dir, store_root=spec.store_root, run_id=spec.run_id, parents=spec.parents,
             config=config, extra={"reward": reward_identity(spec.reward_cfg, [e.get("task") for e in examples]),
+                                  **({"environment": groups["environment"].identity} if "environment" in groups else {}),
                                   "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value,
                                   **({"adapter_of": spec.start_model_id} if lora else {})})
         latest = self.checkpointer.latest()

@@ -83,6 +83,22 @@ class Trajectories:
     """(B, response_len_i) multi-turn episodes: 1 where the policy sampled the token, 0 where it came from the
     environment (a tool's result, an observation: posttrain.envs.episodes); their log-probs are 0. None: every
     response token was sampled."""
+    env_rewards: list[float] | None = None
+    """(B,) multi-turn episodes: the environment's own reward of each (its `step` rewards summed plus its
+    `get_reward()`); the environment role adds them to the step's reward. None: no episodes, or an environment
+    that gives none."""
+    episodes: list[EpisodeSummary] | None = None
+    """(B,) multi-turn episodes: what happened in each (turns, tool calls, failed calls), for the metrics."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSummary:
+    turns: int
+    """Turns the policy sampled."""
+    tool_calls: int
+    """Tool calls it made (well-formed or not)."""
+    failures: dict[str, int]
+    """Failed calls by kind (the tool's: raised, timeout, died, ...; the model's own: bad_call)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,7 @@ from posttrain.config.algorithms import declared
 if TYPE_CHECKING:
     from posttrain.rl.roles.critic import CriticWorker
     from posttrain.rl.roles.critic_group import CriticGroup
+    from posttrain.rl.roles.environment import EnvironmentGroup, EnvironmentWorker
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_group import PolicyGroup
     from posttrain.rl.roles.reference import ReferenceGroup, ReferenceWorker
@@ -134,6 +135,12 @@ def uses_reference(rl: RLConfig) -> bool:
     return rl.kl_coef > 0
 
 
+def uses_episodes(rl: RLConfig) -> bool:
+    """Whether rollouts are multi-turn episodes: rl.environment or rl.tools set (the environment role starts and
+    the rollout role runs episodes through it: episode_rollout)."""
+    return bool(rl.environment or rl.tools)
+
+
 def _lora(s: RunSettings) -> bool:
     return s.model is not None and s.model.lora is not None
 
@@ -150,6 +157,18 @@ def _rollout_worker() -> type[RolloutWorker]:
     from posttrain.rl.roles.rollout import RolloutWorker
 
     return RolloutWorker
+
+
+def _environment_worker() -> type[EnvironmentWorker]:
+    from posttrain.rl.roles.environment import EnvironmentWorker
+
+    return EnvironmentWorker
+
+
+def _environment_group() -> type[EnvironmentGroup]:
+    from posttrain.rl.roles.environment import EnvironmentGroup
+
+    return EnvironmentGroup
 
 
 def _rollout_group() -> type[RolloutGroup]:
@@ -238,6 +257,13 @@ ROLES: dict[str, RoleSpec] = {
         worker_kwargs=lambda s, rank, n: {"model_dir": s.start_model_dir, "rank": rank, "world_size": n, "version": 0,
                                           "model_cfg": s.model, "backend": s.rl.rollout_backend,
                                           "threads": _gen_threads(s)}),
+    "environment": RoleSpec(
+        name="environment", worker=_environment_worker, group=_environment_group, trains=False,
+        kuberay_group="train", workers=lambda s: s.placement.environment_workers, enabled=lambda s: uses_episodes(s.rl),
+        worker_kwargs=lambda s, rank, n: {"environment": s.rl.environment, "tools": list(s.rl.tools),
+                                          "episode": s.rl.episode, "rank": rank, "world_size": n},
+        group_args=lambda ctx: {"source": ctx.settings.rl.environment or ", ".join(ctx.settings.rl.tools)},
+        scores=True),
     "reward": RoleSpec(
         name="reward", worker=_reward_worker, group=_reward_group, trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reward_workers, enabled=lambda s: True,
@@ -300,6 +326,29 @@ def served_by_policy(s: RunSettings, groups: dict[str, Any]) -> dict[str, Any]:
     return served
 
 
+def episode_rollout(s: RunSettings, groups: dict[str, Any], max_seq_len: int) -> dict[str, Any]:
+    """With rl.environment / rl.tools, the rollout role runs multi-turn episodes through the environment role
+    (episode_rollout.EpisodeRollout around the rollout group, or the policy ranks that generate); the layout is
+    checked here, before any step: a chat template that cannot keep an episode's tokens is refused, naming it."""
+    if not uses_episodes(s.rl):
+        return {}
+    from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits
+    from posttrain.models.io import eos_token_ids, load_tokenizer
+    from posttrain.rl.roles.episode_rollout import EpisodeRollout
+
+    tok = load_tokenizer(s.start_model_dir)
+    layout = EpisodeLayout.check(tok, eos_token_ids(s.start_model_dir, tok),
+                                 name=f"the chat template of {s.start_model_dir}")
+    e = s.rl.episode
+    limits = EpisodeLimits(max_turns=e.max_turns, max_new_tokens=s.rl.max_new_tokens,
+                           max_env_tokens=e.max_env_tokens, max_total_tokens=e.max_total_tokens)
+    env = groups["environment"]
+    if s.reward.fn_weight == 0 and not s.reward.models and not env.rewards:
+        raise ValueError(f"reward.fn_weight is 0 and rl.environment {s.rl.environment!r} gives no reward of its own "
+                         "(no step rewards, no get_reward): the episodes would all score 0")
+    return {"rollout": EpisodeRollout(groups["rollout"], env, layout, limits, max_seq_len=max_seq_len)}
+
+
 def active_roles(s: RunSettings) -> dict[str, RoleSpec]:
     """The roles this run creates (in ROLES order)."""
     return {name: spec for name, spec in ROLES.items() if spec.enabled(s)}
@@ -345,11 +394,13 @@ __all__ = [
     "RunSettings",
     "active_roles",
     "build_group",
+    "episode_rollout",
     "kuberay_group",
     "role_counts",
     "scoring_groups",
     "scoring_roles",
     "served_by_policy",
     "training_roles",
+    "uses_episodes",
     "uses_reference",
 ]

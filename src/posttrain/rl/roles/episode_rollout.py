@@ -1,0 +1,97 @@
+"""The rollout role with multi-turn episodes (rl.environment / rl.tools): what every loop's `generate` phase
+calls when the run has an environment role, in place of the rollout group it wraps - so no loop changes.
+
+    EpisodeRollout(rollout_group, environment_group, layout, limits).generate(prompts, n=8, ...) -> Trajectories
+
+Per step: the environment opens n episodes per prompt (`reset(**row)`: the row's columns and its answer);
+then, turn by turn, the rollout workers sample the next turn of every episode still going (one batched
+`generate` on the exact ids so far), the environment answers the finished turns, and the answers are appended
+as the ids of the model's own template (posttrain.envs.episodes.run_episodes: token-exact, the `sampled`
+mask). The trajectories carry the episodes' ids, log-probs (0 on the environment's tokens), mask, the
+environment's own rewards and what happened (turns, tool calls, failed calls); `texts` is each episode's last
+sampled turn - what the verifier or reward function scores.
+"""
+
+from __future__ import annotations
+
+from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, run_episodes
+from posttrain.models.generate import Generation
+from posttrain.rl.roles.environment import EnvironmentGroup
+from posttrain.rl.roles.protocols import Generates
+from posttrain.rl.types import EpisodeSummary, PromptBatch, Trajectories, WeightReport, WeightsHandle, WorkerId
+
+
+class _TurnSampler:
+    """The rollout group as the episodes' Sampler: a turn's contexts (token ids) as a PromptBatch at the
+    step's version, the samples back as Generations; the workers' compute time summed over turns."""
+
+    def __init__(self, rollout: Generates, version: int, tokenizer):
+        self.rollout, self.version, self.tokenizer, self.compute_s = rollout, version, tokenizer, 0.0
+
+    def generate(self, prompts, *, n, temperature, max_new_tokens, seed, top_p=1.0, top_k=0) -> list[Generation]:
+        k = len(prompts)
+        batch = PromptBatch(policy_version=self.version, example_ids=[-1] * k, prompt_ids=[list(p) for p in prompts],
+                            answers=[None] * k, tasks=[None] * k, messages=[[] for _ in range(k)],
+                            columns=[{} for _ in range(k)])
+        t = self.rollout.generate(batch, n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                                  top_p=top_p, top_k=top_k)
+        if t.policy_version != self.version:
+            raise RuntimeError(f"stage rollout.generate: an episode's turn was sampled by policy version "
+                               f"{t.policy_version}, expected {self.version}")
+        self.compute_s += t.compute_s
+        return [Generation(prompt_ids=p, response_ids=r, logprobs=lp, finished=f)
+                for p, r, lp, f in zip(t.prompt_ids, t.response_ids, t.logprobs, t.finished)]
+
+
+class EpisodeRollout:
+    def __init__(self, rollout: Generates, environment: EnvironmentGroup, layout: EpisodeLayout,
+                 limits: EpisodeLimits, *, max_seq_len: int):
+        """`max_seq_len`: model.max_seq_len, which an episode's prompt and all its response tokens share."""
+        self.rollout, self.environment, self.layout, self.limits = rollout, environment, layout, limits
+        self.max_seq_len = max_seq_len
+
+    @property
+    def prompt_room(self) -> int:
+        """Tokens an episode adds to a row's plain prompt: the tools' system turn and every response token
+        (sampled and the environment's); the prompt sampler leaves out rows that would not fit."""
+        q = [{"role": "user", "content": "q"}]
+        plain = self.layout.prompt_ids(q, [], None)
+        return len(self.layout.prompt_ids(q, self.environment.specs, None)) - len(plain) + self.limits.max_total_tokens
+
+    def identities(self) -> list[WorkerId]:
+        return self.rollout.identities()
+
+    def load_weights(self, weights: WeightsHandle) -> list[WeightReport]:
+        return self.rollout.load_weights(weights)
+
+    def generate(self, prompts: PromptBatch, *, n: int, temperature: float, max_new_tokens: int, seed: int,
+                 top_p: float = 1.0, top_k: int = 0) -> Trajectories:
+        """n episodes per prompt; `max_new_tokens` is each sampled turn's limit (rl.max_new_tokens)."""
+        sampler = _TurnSampler(self.rollout, prompts.policy_version, self.layout.tokenizer)
+        limits = EpisodeLimits(max_turns=self.limits.max_turns, max_new_tokens=max_new_tokens,
+                               max_env_tokens=self.limits.max_env_tokens,
+                               max_total_tokens=self.limits.max_total_tokens)
+        rows = [{**cols, **({"answer": a} if a is not None else {})} for cols, a in zip(prompts.columns, prompts.answers)]
+        eps = run_episodes(sampler, self.layout, self.environment, rows, prompts.messages, n=n, limits=limits,
+                           temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
+                           key_prefix=f"v{prompts.policy_version}-s{seed}")
+        group = [i for i in range(len(prompts.prompt_ids)) for _ in range(n)]
+        for e, i in zip(eps, group):
+            if len(e.prompt_ids) + len(e.response_ids) > self.max_seq_len:
+                raise ValueError(
+                    f"episode of train row {prompts.example_ids[i]}: its prompt (with the tools and the first "
+                    f"observation: {len(e.prompt_ids)} tokens) and its {len(e.response_ids)} response tokens exceed "
+                    f"model.max_seq_len = {self.max_seq_len}; lower rl.episode.max_total_tokens or raise "
+                    "model.max_seq_len")
+        own = self.environment.rewards
+        env_compute, self.environment.compute_s = self.environment.compute_s, 0.0
+        return Trajectories(
+            policy_version=prompts.policy_version, group_index=group, prompt_ids=[e.prompt_ids for e in eps],
+            response_ids=[e.response_ids for e in eps], logprobs=[e.logprobs for e in eps],
+            finished=[e.finished for e in eps], texts=[e.final_text for e in eps],
+            answers=[prompts.answers[i] for i in group], tasks=[prompts.tasks[i] for i in group],
+            messages=[prompts.messages[i] for i in group], columns=[prompts.columns[i] for i in group],
+            compute_s=sampler.compute_s + env_compute, sampled=[e.sampled for e in eps],
+            env_rewards=[sum(e.step_rewards) + (e.env_reward or 0.0) for e in eps] if own else None,
+            episodes=[EpisodeSummary(turns=e.turns, tool_calls=e.tool_calls, failures=dict(e.tool_failures))
+                      for e in eps])

@@ -1,0 +1,72 @@
+"""The RL run's multi-turn rollouts, in-process: the rollout role (a real RolloutWorker with the shared tiny SFT
+model) and the environment role (two real EnvironmentWorkers, each with its sandboxed tool process running the
+GuessNumber game) composed by the registry as every loop's rollout (registry.episode_rollout ->
+EpisodeRollout). The trajectories hold whole episodes token-exactly with their `sampled` mask, the environment's
+own rewards and what happened; the environment role scores them. Through Ray: tests/integration/test_rl_ray.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.config import EpisodeConfig, PlacementConfig, RewardConfig, RLConfig
+from posttrain.rl.metrics import episode_metrics
+from posttrain.rl.remote import LocalActor
+from posttrain.rl.roles import registry
+from posttrain.rl.roles.environment import EnvironmentGroup, EnvironmentWorker
+from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
+from posttrain.rl.types import PromptBatch
+
+GAME = "posttrain.envs.builtin:GuessNumber"
+EPISODE = EpisodeConfig(max_turns=3, max_env_tokens=8, max_total_tokens=24, tool_timeout_s=30)
+
+
+@pytest.fixture(scope="module")
+def roles(tiny_sft_model):
+    model_dir = str(tiny_sft_model["model_dir"])
+    rollout_worker = RolloutWorker(model_dir, 0, 1)
+    rollout = RolloutGroup([LocalActor(rollout_worker)], [rollout_worker.identity()], 60.0)
+    env_workers = [EnvironmentWorker(GAME, [], EPISODE, rank, 2) for rank in range(2)]
+    env = EnvironmentGroup([LocalActor(w) for w in env_workers], [w.identity() for w in env_workers], 60.0,
+                           source=GAME)
+    settings = registry.RunSettings(rl=RLConfig(environment=GAME, max_new_tokens=6, episode=EPISODE),
+                                    reward=RewardConfig(), placement=PlacementConfig(), model=None,
+                                    start_model_dir=model_dir)
+    composed = registry.episode_rollout(settings, {"rollout": rollout, "environment": env}, max_seq_len=64)
+    yield composed["rollout"], env, env_workers
+    for w in env_workers:
+        w.process.shutdown()
+
+
+def _prompts(secrets: list[int]) -> PromptBatch:
+    k = len(secrets)
+    return PromptBatch(policy_version=0, example_ids=list(range(k)), prompt_ids=[[1]] * k, answers=[str(s) for s in secrets],
+                       tasks=[None] * k, messages=[[{"role": "user", "content": "12+34="}] for _ in range(k)],
+                       columns=[{"low": 1, "high": 99, "secret": s, "max_turns": 3} for s in secrets])
+
+
+def test_the_rollout_role_runs_whole_episodes_through_the_environment_role(roles):
+    rollout, env, _workers = roles
+    traj = rollout.generate(_prompts([46, 12, 80]), n=2, temperature=1.0, max_new_tokens=6, seed=5)
+    assert traj.group_index == [0, 0, 1, 1, 2, 2] and traj.policy_version == 0 and traj.answers[2] == "80"
+    assert len(traj.sampled) == 6 and any(0 in m for m in traj.sampled)  # the game answered some turns
+    for ids, lps, mask, ep in zip(traj.response_ids, traj.logprobs, traj.sampled, traj.episodes):
+        assert len(ids) == len(lps) == len(mask) <= EPISODE.max_total_tokens
+        assert all(lp == 0.0 for lp, m in zip(lps, mask) if m == 0) and all(lp <= 0 for lp, m in zip(lps, mask) if m)
+        runs = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))  # sampled turns in the ids
+        assert 1 <= ep.turns <= 3 and runs == ep.turns and ep.tool_calls == 0 and ep.failures == {}
+    # the game's own reward (get_reward: 0 unless solved, then 1 down to 0.5), read as each episode ended
+    assert traj.env_rewards is not None and all(r == 0.0 or 0.5 <= r <= 1.0 for r in traj.env_rewards)
+    assert all(r == 0.0 for r, f in zip(traj.env_rewards, traj.finished) if not f)
+    assert env._owner == {}  # every episode finished and closed on the worker that held it
+    m = episode_metrics(traj)
+    assert m["env/turns_mean"] == sum(e.turns for e in traj.episodes) / 6 and m["env/tool_calls_mean"] == 0
+    assert traj.compute_s > 0
+
+
+def test_the_environment_role_scores_its_episodes_and_names_its_code(roles):
+    rollout, env, _ = roles
+    traj = rollout.generate(_prompts([7, 9]), n=2, temperature=1.0, max_new_tokens=6, seed=1)
+    scores = env.score(traj)
+    assert scores.names == ["env"] and scores.sources == [GAME] and env.weighted(scores) == traj.env_rewards
+    assert set(env.identity) == {GAME} and len(env.identity[GAME]) == 64  # the game's source sha256, for lineage
+    assert rollout.prompt_room == EPISODE.max_total_tokens  # GuessNumber has no tools: no tools turn
