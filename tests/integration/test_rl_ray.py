@@ -188,11 +188,12 @@ def _store_inputs(tmp_path: Path, tiny):
     return store, model, data
 
 
-def _run(tmp_path, tiny, cfg: RLConfig, placement: PlacementConfig, **kw):
+def _run(tmp_path, tiny, cfg: RLConfig, placement: PlacementConfig, max_seq_len: int = 32, **kw):
     from posttrain.rl.run import run_rl
 
     store, model, data = _store_inputs(tmp_path, tiny)
-    return store, run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=placement, max_seq_len=32, tracking_cfg=TRACKING,
+    return store, run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=placement, max_seq_len=max_seq_len,
+                         tracking_cfg=TRACKING,
                          start_model_dir=tiny["model_dir"], dataset_dir=tiny["dataset_dir"], store_root=str(store.root),
                          run_id="test", parents=[model.id, data.id], state_dir=tmp_path / "state",
                          start_model_id=model.id, **kw), model, data
@@ -318,10 +319,12 @@ def test_multi_turn_episodes_through_real_actors(ray_local, tiny_sft_model, tmp_
 
     game = "retry_env:Retry"
     cfg = replace(SMALL, kl_coef=0.0, environment=game,
-                  episode=EpisodeConfig(python_path=[str(Path(__file__).parent)], max_turns=3, max_total_tokens=18))
+                  episode=EpisodeConfig(python_path=[str(Path(__file__).parent)], max_turns=3, max_total_tokens=40))
     store, res, _model, _data = _run(tmp_path, tiny_sft_model, cfg,
-                                     PlacementConfig(policy_workers=2, rollout_workers=1, environment_workers=1))
+                                     PlacementConfig(policy_workers=2, rollout_workers=1, environment_workers=1),
+                                     max_seq_len=64)  # room for a prompt and 3 attempts with the game's answers
     assert res.steps == 2 and [m.policy_version for m in res.history] == [1, 2]
+    assert max(m.extra["env/turns_mean"] for m in res.history) > 1  # wrong first attempts were answered and retried
     for m in res.history:
         assert 1 <= m.extra["env/turns_mean"] <= 3 and m.extra["env/tool_calls_mean"] == 0
         assert 0 <= m.extra["reward/env_mean"] <= 1 and "environment" in m.phase_s

@@ -17,7 +17,8 @@ from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
 from posttrain.rl.types import PromptBatch
 
 GAME = "posttrain.envs.builtin:GuessNumber"
-EPISODE = EpisodeConfig(max_turns=3, max_env_tokens=8, max_total_tokens=24, tool_timeout_s=30)
+EPISODE = EpisodeConfig(max_turns=3, max_env_tokens=8, max_total_tokens=200, tool_timeout_s=30)
+"""The tiny tokenizer spends ~1 token per character of English: a game answer takes ~25 tokens with its turn."""
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +29,10 @@ def roles(tiny_sft_model):
     env_workers = [EnvironmentWorker(GAME, [], EPISODE, rank, 2) for rank in range(2)]
     env = EnvironmentGroup([LocalActor(w) for w in env_workers], [w.identity() for w in env_workers], 60.0,
                            source=GAME)
-    settings = registry.RunSettings(rl=RLConfig(environment=GAME, max_new_tokens=6, episode=EPISODE),
+    settings = registry.RunSettings(rl=RLConfig(environment=GAME, max_new_tokens=12, episode=EPISODE),
                                     reward=RewardConfig(), placement=PlacementConfig(), model=None,
                                     start_model_dir=model_dir)
-    composed = registry.episode_rollout(settings, {"rollout": rollout, "environment": env}, max_seq_len=64)
+    composed = registry.episode_rollout(settings, {"rollout": rollout, "environment": env}, max_seq_len=400)
     yield composed["rollout"], env, env_workers
     for w in env_workers:
         w.process.shutdown()
@@ -46,8 +47,8 @@ def _prompts(secrets: list[int]) -> PromptBatch:
 
 def test_the_rollout_role_runs_whole_episodes_through_the_environment_role(roles):
     rollout, env, _workers = roles
-    traj = rollout.generate(_prompts([46, 12, 80]), n=2, temperature=1.0, max_new_tokens=6, seed=5)
-    assert traj.group_index == [0, 0, 1, 1, 2, 2] and traj.policy_version == 0 and traj.answers[2] == "80"
+    traj = rollout.generate(_prompts([46, 12, 80]), n=2, temperature=1.0, max_new_tokens=12, seed=5)
+    assert traj.group_index == [0, 0, 1, 1, 2, 2] and traj.policy_version == 0 and traj.answers[4] == "80"
     assert len(traj.sampled) == 6 and any(0 in m for m in traj.sampled)  # the game answered some turns
     for ids, lps, mask, ep in zip(traj.response_ids, traj.logprobs, traj.sampled, traj.episodes):
         assert len(ids) == len(lps) == len(mask) <= EPISODE.max_total_tokens
@@ -57,6 +58,9 @@ def test_the_rollout_role_runs_whole_episodes_through_the_environment_role(roles
     # the game's own reward (get_reward: 0 unless solved, then 1 down to 0.5), read as each episode ended
     assert traj.env_rewards is not None and all(r == 0.0 or 0.5 <= r <= 1.0 for r in traj.env_rewards)
     assert all(r == 0.0 for r, f in zip(traj.env_rewards, traj.finished) if not f)
+    tok = rollout.layout.tokenizer  # the game's answers are plain user turns (a tool's result would be wrapped)
+    env_text = [tok.decode([t for t, m in zip(ids, mask) if not m]) for ids, mask in zip(traj.response_ids, traj.sampled)]
+    assert any(w in t for t in env_text for w in ("higher", "lower", "Answer")) and not any("tool_response" in t for t in env_text)
     assert env._owner == {}  # every episode finished and closed on the worker that held it
     m = episode_metrics(traj)
     assert m["env/turns_mean"] == sum(e.turns for e in traj.episodes) / 6 and m["env/tool_calls_mean"] == 0
@@ -65,7 +69,7 @@ def test_the_rollout_role_runs_whole_episodes_through_the_environment_role(roles
 
 def test_the_environment_role_scores_its_episodes_and_names_its_code(roles):
     rollout, env, _ = roles
-    traj = rollout.generate(_prompts([7, 9]), n=2, temperature=1.0, max_new_tokens=6, seed=1)
+    traj = rollout.generate(_prompts([7, 9]), n=2, temperature=1.0, max_new_tokens=12, seed=1)
     scores = env.score(traj)
     assert scores.names == ["env"] and scores.sources == [GAME] and env.weighted(scores) == traj.env_rewards
     assert set(env.identity) == {GAME} and len(env.identity[GAME]) == 64  # the game's source sha256, for lineage

@@ -230,10 +230,12 @@ class EpisodeLayout:
                 msgs.insert(0, {"role": "system", "content": block})
         return self.encode(_render(self.tokenizer, msgs, gen=True))
 
-    def env_ids(self, stop_id: int, text: str) -> list[int]:
+    def env_ids(self, stop_id: int, text: str, tool: bool = True) -> list[int]:
         """The ids after a turn that ended at `stop_id`: the rest of the template's end of turn, the
-        environment's turn and the next generation prompt."""
-        after = _render(self.tokenizer, [*self._turn, response_turn(text)], gen=True)
+        environment's turn - a tool's result in the tool-response format, or (`tool` False) an observation of
+        `step` as a plain user turn - and the next generation prompt."""
+        turn = response_turn(text) if tool else {"role": "user", "content": text}
+        after = _render(self.tokenizer, [*self._turn, turn], gen=True)
         return self.encode(self._after_stop[stop_id] + after[len(self._before):])
 
     def cut(self, text: str, max_tokens: int) -> str:
@@ -310,7 +312,7 @@ def _env_turn(ep: Episode, r: EnvReply, layout: EpisodeLayout, limits: EpisodeLi
     ep.transcript.append(("tool" if r.tool_call else "env", r.answer))
     if last:  # the environment answered the last turn the episode has: it ends without a final answer
         return False
-    env = layout.env_ids(ep.response_ids[-1], layout.cut(r.answer, limits.max_env_tokens))
+    env = layout.env_ids(ep.response_ids[-1], layout.cut(r.answer, limits.max_env_tokens), tool=r.tool_call)
     if len(ep.response_ids) + len(env) >= limits.max_total_tokens:
         return False
     ep.response_ids += env

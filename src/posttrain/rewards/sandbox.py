@@ -311,8 +311,8 @@ class Child:
         try:
             self.conn.send_bytes(json.dumps({"op": "stop"}).encode())
             self.proc.wait(2)
-        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-            pass
+        except (BrokenPipeError, OSError, subprocess.TimeoutExpired, AttributeError, TypeError):
+            pass  # AttributeError / TypeError: called from __del__ at interpreter exit, modules already torn down
         self.kill()
 
 
