@@ -38,9 +38,10 @@ class Recorder:
 def _run(folders, cfg: RLConfig, model: ModelConfig, *, generates: bool) -> dict:
     from posttrain.config import RewardConfig
     from posttrain.rl.controller import Controller
+    from posttrain.rl.roles.composed import served_by_policy
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_group import PolicyGroup
-    from posttrain.rl.roles.registry import RunSettings, served_by_policy
+    from posttrain.rl.roles.registry import RunSettings
     from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
     from posttrain.rl.state import PromptSampler
     from tests.rl_fakes import NullTracker

@@ -1,6 +1,6 @@
 """The RL run's multi-turn rollouts, in-process: the rollout role (a real RolloutWorker with the shared tiny SFT
 model) and the environment role (two real EnvironmentWorkers, each with its sandboxed tool process running the
-GuessNumber game) composed by the registry as every loop's rollout (registry.episode_rollout ->
+GuessNumber game) composed by the registry as every loop's rollout (composed.episode_rollout ->
 EpisodeRollout). The trajectories hold whole episodes token-exactly with their `sampled` mask, the environment's
 own rewards and what happened; the environment role scores them. Through Ray: tests/integration/test_rl_ray.py."""
 
@@ -11,7 +11,7 @@ import pytest
 from posttrain.config import EpisodeConfig, PlacementConfig, RewardConfig, RLConfig
 from posttrain.rl.metrics import episode_metrics
 from posttrain.rl.remote import LocalActor
-from posttrain.rl.roles import registry
+from posttrain.rl.roles import composed, registry
 from posttrain.rl.roles.environment import EnvironmentGroup, EnvironmentWorker
 from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
 from posttrain.rl.types import PromptBatch
@@ -32,8 +32,8 @@ def roles(tiny_sft_model):
     settings = registry.RunSettings(rl=RLConfig(environment=GAME, max_new_tokens=12, episode=EPISODE),
                                     reward=RewardConfig(), placement=PlacementConfig(), model=None,
                                     start_model_dir=model_dir)
-    composed = registry.episode_rollout(settings, {"rollout": rollout, "environment": env}, max_seq_len=400)
-    yield composed["rollout"], env, env_workers
+    groups = composed.episode_rollout(settings, {"rollout": rollout, "environment": env}, max_seq_len=400)
+    yield groups["rollout"], env, env_workers
     for w in env_workers:
         w.process.shutdown()
 

@@ -34,9 +34,10 @@ def run(folders):
 def _run(folders, cfg: RLConfig, model: ModelConfig) -> dict:
     from posttrain.config import PlacementConfig, RewardConfig
     from posttrain.rl.controller import Controller
+    from posttrain.rl.roles.composed import served_by_policy
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_group import PolicyGroup
-    from posttrain.rl.roles.registry import RunSettings, served_by_policy
+    from posttrain.rl.roles.registry import RunSettings
     from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
     from posttrain.rl.state import PromptSampler
     from tests.rl_fakes import NullTracker

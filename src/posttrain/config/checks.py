@@ -197,7 +197,7 @@ def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
 
 def _check_reward(w: RewardConfig, *, trained_model: bool = False, environment: bool = False) -> None:
     """`environment`: rl.environment is set - its own rewards may be the whole reward (reward.fn_weight 0; that
-    it gives any is checked when its workers start: registry.episode_rollout)."""
+    it gives any is checked when its workers start: roles.composed.episode_rollout)."""
     _check(w.fn == "" or _is_import_path(w.fn), "reward.fn", "must look like 'module:function'")
     _check(w.timeout_s > 0, "reward.timeout_s", "must be > 0")
     _check(w.memory_mb >= 0, "reward.memory_mb", "must be >= 0 (0: no limit)")

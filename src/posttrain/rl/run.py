@@ -40,7 +40,7 @@ from posttrain.rl import placement as pl
 from posttrain.rl import weight_transfer
 from posttrain.rl.metrics import StepMetrics
 from posttrain.rl.remote import RemoteTimeoutError, WorkerLostError
-from posttrain.rl.roles import registry
+from posttrain.rl.roles import composed, registry
 from posttrain.tracking.wandb_run import WandbRun
 
 WAIT_CALLS_PER_STEP = 10
@@ -114,8 +114,8 @@ class ControllerActor:
                             stage=f"{role}.start", timeout_s=t) for role, hs in handles.items()}
         ctx = registry.GroupContext(settings=spec.settings(), ids=ids, timeout_s=t, weights_folder=spec.weights_folder)
         groups = {role: registry.build_group(registry.ROLES[role], hs, ids[role], ctx) for role, hs in handles.items()}
-        groups.update(registry.served_by_policy(ctx.settings, groups))
-        groups.update(registry.episode_rollout(ctx.settings, groups, spec.max_seq_len))
+        groups.update(composed.served_by_policy(ctx.settings, groups))
+        groups.update(composed.episode_rollout(ctx.settings, groups, spec.max_seq_len))
         examples = read_examples(spec.dataset_dir, "train")
         rollout = groups["rollout"]  # an episode's response holds its turns and the environment's answers
         room = rollout.prompt_room if isinstance(rollout, EpisodeRollout) else cfg.max_new_tokens

@@ -28,8 +28,6 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     deleted once the final model is stored, unless `rl.keep_state`. `model_cfg` gives the workers their
     dtype and gradient checkpointing (None: fp32, no checkpointing).
     """
-    from posttrain.envs.plan import check_episodes
-    from posttrain.rewards import reward_identity
     from posttrain.rl import model_inputs
     from posttrain.rl.run import run_rl
 
@@ -43,18 +41,7 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
     # every model a role reads (reward.models, rl.critic_init) as a stored artifact: the key and the lineage
     # name them by id - a content hash -, the actors read their folders
     models = model_inputs.resolve(rl_cfg, reward, run_id=run_id, store=store)
-    # multi-turn episodes: the environment and tools import (in a short-lived child) and the start model's chat
-    # template can keep their tokens - checked before any actor starts; their source is part of the key
-    episodes = (check_episodes(rl_cfg, str(model_folder(store, start_model)))
-                if rl_cfg.environment or rl_cfg.tools else {})
-    key = store.cache_key("rl", without_keep_state(models.rl_ids), to_dict(models.reward_ids), to_dict(placement),
-                          max_seq_len,
-                          (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
-                          *([to_dict(model_cfg.lora)] if model_cfg and model_cfg.lora else []),
-                          *([episodes] if episodes else []),
-                          *([reward_identity(reward)] if reward.fn else []),  # the function's source, not only its name
-                          start_model.id, dataset.id,
-                          source_digest("rl", "spmd", "models", "rewards", "envs", "data/verifiers.py"))
+    key = _cache_key(store, models, rl_cfg, reward, placement, max_seq_len, model_cfg, start_model, dataset)
     hit = store.cache_get(key)
     if hit is not None:
         print(f"rl: cache hit -> model {hit.short}")
@@ -81,3 +68,24 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
         drop_state(state)
     print(f"rl: model {result.model.short} after {result.steps} updates")
     return result.model
+
+
+def _cache_key(store: ArtifactStore, models, rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig,
+               max_seq_len: int, model_cfg: ModelConfig | None, start_model: ArtifactRef, dataset: ArtifactRef) -> str:
+    """What the RL model depends on: the settings (models by id), the inputs, our code, and the user's code by
+    source - the reward function's and, with multi-turn episodes, the environment's and tools' (which are checked
+    here, before any actor starts: they import in a short-lived child, the start model's chat template can keep
+    an episode's tokens)."""
+    from posttrain.envs.plan import check_episodes
+    from posttrain.rewards import reward_identity
+
+    episodes = (check_episodes(rl_cfg, str(model_folder(store, start_model)))
+                if rl_cfg.environment or rl_cfg.tools else {})
+    return store.cache_key("rl", without_keep_state(models.rl_ids), to_dict(models.reward_ids), to_dict(placement),
+                           max_seq_len,
+                           (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
+                           *([to_dict(model_cfg.lora)] if model_cfg and model_cfg.lora else []),
+                           *([episodes] if episodes else []),
+                           *([reward_identity(reward)] if reward.fn else []),
+                           start_model.id, dataset.id,
+                           source_digest("rl", "spmd", "models", "rewards", "envs", "data/verifiers.py"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from posttrain.config import EpisodeConfig
 from posttrain.envs.episodes import EnvReply, EpisodeEnd, LocalEnv
@@ -123,8 +124,8 @@ class EnvironmentGroup:
         out = gather(refs, [self.ids[w] for w, _, _ in parts], stage="environment.open", timeout_s=self.timeout_s)
         return [x for r in out for x in r]
 
-    def _by_worker(self, keys: Sequence[str], stage: str, call, *per_key: Sequence) -> list:
-        """Each worker gets its own keys (and the matching items of `per_key`); the answers in `keys`' order."""
+    def _by_worker(self, keys: Sequence[str], stage: str, call: str, *per_key: Sequence) -> list[tuple[list[int], Any]]:
+        """Each worker gets its own keys (and the matching items of `per_key`): [(positions in `keys`, its answer)]."""
         mine: dict[int, list[int]] = {}
         for i, k in enumerate(keys):
             mine.setdefault(self._owner[k], []).append(i)
@@ -132,23 +133,30 @@ class EnvironmentGroup:
         refs = [getattr(self.workers[w], call).remote([keys[i] for i in mine[w]],
                                                      *[[xs[i] for i in mine[w]] for xs in per_key]) for w in order]
         results = gather(refs, [self.ids[w] for w in order], stage=stage, timeout_s=self.timeout_s)
-        out: list = [None] * len(keys)
-        for w, r in zip(order, results):
-            for i, x in zip(mine[w], r if call != "finish" else r[0]):
+        return [(mine[w], r) for w, r in zip(order, results)]
+
+    @staticmethod
+    def _in_order(n: int, parts: list[tuple[list[int], list]]) -> list:
+        out: list = [None] * n
+        for positions, values in parts:
+            for i, x in zip(positions, values):
                 out[i] = x
-        if call == "finish":
-            self.compute_s += max(r[1] for r in results)
-            self.restarts = max([self.restarts, *(r[2] for r in results)])
         return out
 
     def respond(self, keys: Sequence[str], texts: Sequence[str]) -> list[EnvReply]:
-        return self._by_worker(keys, "environment.respond", "respond", texts) if keys else []
+        if not keys:
+            return []
+        return self._in_order(len(keys), self._by_worker(keys, "environment.respond", "respond", texts))
 
     def finish(self, keys: Sequence[str]) -> list[EpisodeEnd]:
-        ends = self._by_worker(keys, "environment.finish", "finish") if keys else []
+        if not keys:
+            return []
+        parts = self._by_worker(keys, "environment.finish", "finish")
+        self.compute_s += max(busy for _, (_, busy, _) in parts)
+        self.restarts = max([self.restarts, *(restarts for _, (_, _, restarts) in parts)])
         for k in keys:
             self._owner.pop(k, None)
-        return ends
+        return self._in_order(len(keys), [(positions, ends) for positions, (ends, _, _) in parts])
 
     # ---- as a scorer (registry scores=True): the environment's own rewards join the step's reward
 

@@ -117,14 +117,14 @@ def _policy_shared_folder(ctx: GroupContext) -> dict:
     """Weights go through a shared-memory file only when every rollout worker is on policy rank 0's node; with
     no rollout workers (placement.rollout_workers 0) the policy ranks generate and nothing is handed over."""
     node = ctx.ids["policy"][0].node
-    generates = _policy_generates(ctx.settings)
+    generates = policy_generates(ctx.settings)
     one_node = not generates and all(r.node == node for r in ctx.ids["rollout"])
     rl = ctx.settings.rl
     return {"micro_batch_size": rl.micro_batch_size, "shared_folder": ctx.weights_folder if one_node else None,
             "mini_batches": rl.mini_batches, "seed": rl.seed, "generates": generates}
 
 
-def _policy_generates(s: RunSettings) -> bool:
+def policy_generates(s: RunSettings) -> bool:
     return s.placement.rollout_workers == 0
 
 
@@ -141,7 +141,7 @@ def uses_episodes(rl: RLConfig) -> bool:
     return bool(rl.environment or rl.tools)
 
 
-def _lora(s: RunSettings) -> bool:
+def uses_lora(s: RunSettings) -> bool:
     return s.model is not None and s.model.lora is not None
 
 
@@ -253,7 +253,7 @@ ROLES: dict[str, RoleSpec] = {
     "rollout": RoleSpec(
         name="rollout", worker=_rollout_worker, group=_rollout_group, trains=False,
         kuberay_group="rollout", workers=lambda s: s.placement.rollout_workers,
-        enabled=lambda s: not _policy_generates(s),
+        enabled=lambda s: not policy_generates(s),
         worker_kwargs=lambda s, rank, n: {"model_dir": s.start_model_dir, "rank": rank, "world_size": n, "version": 0,
                                           "model_cfg": s.model, "backend": s.rl.rollout_backend,
                                           "threads": _gen_threads(s)}),
@@ -280,7 +280,7 @@ ROLES: dict[str, RoleSpec] = {
         reads_models=(ModelSetting("reward", "models", kinds=("reward_model", "model")),), scores=True),
     "reference": RoleSpec(
         name="reference", worker=_reference_worker, group=_reference_group, trains=False, kuberay_group="train",
-        workers=lambda s: s.placement.reference_workers, enabled=lambda s: uses_reference(s.rl) and not _lora(s),
+        workers=lambda s: s.placement.reference_workers, enabled=lambda s: uses_reference(s.rl) and not uses_lora(s),
         worker_kwargs=lambda s, rank, n: {"model_dir": s.start_model_dir, "rank": rank, "world_size": n, "cfg": s.rl,
                                           "model_cfg": s.model, "threads": _gen_threads(s)}),
     "teacher": RoleSpec(
@@ -308,45 +308,6 @@ ROLES: dict[str, RoleSpec] = {
         reads_models=(ModelSetting("rl", "critic_init", kinds=("reward_model", "model")),)),
 }
 """Role name -> declaration, in the order roles start and phases run."""
-
-
-def served_by_policy(s: RunSettings, groups: dict[str, Any]) -> dict[str, Any]:
-    """Roles the policy workers answer themselves instead of workers of their own: with `model.lora` and
-    rl.kl_coef > 0 the reference is the policy's model with its adapters off (reference.PolicyBaseReference);
-    with placement.rollout_workers 0 the policy ranks generate the rollouts (rollout.PolicyRollout)."""
-    served = {}
-    if uses_reference(s.rl) and _lora(s):
-        from posttrain.rl.roles.reference import PolicyBaseReference
-
-        served["reference"] = PolicyBaseReference(groups["policy"])
-    if _policy_generates(s):
-        from posttrain.rl.roles.rollout import PolicyRollout
-
-        served["rollout"] = PolicyRollout(groups["policy"])
-    return served
-
-
-def episode_rollout(s: RunSettings, groups: dict[str, Any], max_seq_len: int) -> dict[str, Any]:
-    """With rl.environment / rl.tools, the rollout role runs multi-turn episodes through the environment role
-    (episode_rollout.EpisodeRollout around the rollout group, or the policy ranks that generate); the layout is
-    checked here, before any step: a chat template that cannot keep an episode's tokens is refused, naming it."""
-    if not uses_episodes(s.rl):
-        return {}
-    from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits
-    from posttrain.models.io import eos_token_ids, load_tokenizer
-    from posttrain.rl.roles.episode_rollout import EpisodeRollout
-
-    tok = load_tokenizer(s.start_model_dir)
-    layout = EpisodeLayout.check(tok, eos_token_ids(s.start_model_dir, tok),
-                                 name=f"the chat template of {s.start_model_dir}")
-    e = s.rl.episode
-    limits = EpisodeLimits(max_turns=e.max_turns, max_new_tokens=s.rl.max_new_tokens,
-                           max_env_tokens=e.max_env_tokens, max_total_tokens=e.max_total_tokens)
-    env = groups["environment"]
-    if s.reward.fn_weight == 0 and not s.reward.models and not env.rewards:
-        raise ValueError(f"reward.fn_weight is 0 and rl.environment {s.rl.environment!r} gives no reward of its own "
-                         "(no step rewards, no get_reward): the episodes would all score 0")
-    return {"rollout": EpisodeRollout(groups["rollout"], env, layout, limits, max_seq_len=max_seq_len)}
 
 
 def active_roles(s: RunSettings) -> dict[str, RoleSpec]:
@@ -394,13 +355,13 @@ __all__ = [
     "RunSettings",
     "active_roles",
     "build_group",
-    "episode_rollout",
     "kuberay_group",
+    "policy_generates",
     "role_counts",
     "scoring_groups",
     "scoring_roles",
-    "served_by_policy",
     "training_roles",
     "uses_episodes",
+    "uses_lora",
     "uses_reference",
 ]
