@@ -1,9 +1,9 @@
 """Multi-turn episodes (posttrain.envs.episodes), token-exact: the sampled ids are kept as sampled, the
 environment's turns are appended as the ids of the model's own template, the model continues from exactly the
 ids it will be trained on, and the mask says which tokens the policy sampled. A template that cannot keep
-an episode's tokens is refused, naming the problem. With the shared tiny SFT model and the GuessNumber game
-(a real multi-turn episode), the log-probs recorded while sampling equal the teacher-forced log-probs of the
-whole episode at every sampled token."""
+an episode's tokens is refused, naming the problem. With the shared tiny SFT model and a retry game (a real
+multi-turn episode), the log-probs recorded while sampling equal the teacher-forced log-probs of the whole
+episode at every sampled token."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, LocalEnv, run_
 from posttrain.envs.host import EnvironmentHost
 from posttrain.envs.tools import ToolError
 from posttrain.models.generate import Generation
+from tests.integration.retry_env import Retry
 
 TEXTS = ["What is 123 * 456?", render_call("calculate", {"expression": "123 * 456"}), "The answer is 56088.",
          "<tool_response>\n56088\n</tool_response>", "Guess the number between 1 and 32. higher lower correct"] * 20
@@ -121,14 +122,16 @@ def test_a_real_model_plays_several_turns_and_its_sampling_logprobs_are_the_teac
     engine = TransformersEngine(str(tiny_sft_model["model_dir"]), device="cpu")
     tok = engine.tokenizer
     layout = EpisodeLayout.check(tok, engine.eos_ids)
-    rows = [{"low": 1, "high": 99, "secret": s, "max_turns": 3} for s in (7, 50, 93)]
+    # The prompt is the model's own task (it answers "46" and stops: an in-distribution first turn on any CPU);
+    # the game wants words from two of the rows (never written: the model writes digits), so those are told "no" and the model plays on.
+    rows = [{"answer": a} for a in ("46", "none", "never")]
     messages = [[{"role": "user", "content": "12+34="}]] * 3
-    eps = run_episodes(engine, layout, in_process(GuessNumber), rows, messages, n=2,
+    eps = run_episodes(engine, layout, in_process(Retry), rows, messages, n=2,
                        limits=EpisodeLimits(max_turns=3, max_new_tokens=12, max_total_tokens=200),
                        temperature=1.0, seed=3)
-    assert len(eps) == 6 and max(e.turns for e in eps) >= 2 and any(0 in e.sampled for e in eps)
-    # the game's own reward, read at each episode's end: 0 unless solved, then 1 down to 0.5 with more guesses
-    assert all(e.env_reward == 0.0 or (e.finished and 0.5 <= e.env_reward <= 1.0) for e in eps)
+    assert len(eps) == 6 and all(e.turns >= 2 and 0 in e.sampled for e in eps[2:])
+    assert all(e.env_reward == 0.0 for e in eps[2:])  # never right: the game's reward at the end is 0
+    assert all(e.env_reward in (0.0, 1.0, 0.5, 1 / 3) and (e.env_reward == 0 or e.finished) for e in eps[:2])
     model = load_model(str(tiny_sft_model["model_dir"]), device="cpu")
     model.eval()
     with torch.no_grad():

@@ -1,10 +1,12 @@
 """The RL run's multi-turn rollouts, in-process: the rollout role (a real RolloutWorker with the shared tiny SFT
-model) and the environment role (two real EnvironmentWorkers, each with its sandboxed tool process running the
-GuessNumber game) composed by the registry as every loop's rollout (composed.episode_rollout ->
+model) and the environment role (two real EnvironmentWorkers, each with its sandboxed tool process running a
+retry game, tests/integration/retry_env.py) composed by the registry as every loop's rollout (composed.episode_rollout ->
 EpisodeRollout). The trajectories hold whole episodes token-exactly with their `sampled` mask, the environment's
 own rewards and what happened; the environment role scores them. Through Ray: tests/integration/test_rl_ray.py."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +18,10 @@ from posttrain.rl.roles.environment import EnvironmentGroup, EnvironmentWorker
 from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
 from posttrain.rl.types import PromptBatch
 
-GAME = "posttrain.envs.builtin:GuessNumber"
-EPISODE = EpisodeConfig(max_turns=3, max_env_tokens=8, max_total_tokens=200, tool_timeout_s=30)
-"""The tiny tokenizer spends ~1 token per character of English: a game answer takes ~25 tokens with its turn."""
+GAME = "retry_env:Retry"
+EPISODE = EpisodeConfig(python_path=[str(Path(__file__).parents[1] / "integration")], max_turns=3, max_env_tokens=8,
+                        max_total_tokens=200, tool_timeout_s=30)
+"""The tiny tokenizer spends ~1 token per character of English: the game's "no" takes ~10 tokens with its turn."""
 
 
 @pytest.fixture(scope="module")
@@ -38,29 +41,33 @@ def roles(tiny_sft_model):
         w.process.shutdown()
 
 
-def _prompts(secrets: list[int]) -> PromptBatch:
-    k = len(secrets)
-    return PromptBatch(policy_version=0, example_ids=list(range(k)), prompt_ids=[[1]] * k, answers=[str(s) for s in secrets],
+def _prompts(answers: list[str]) -> PromptBatch:
+    """The model's own task (it answers 46 and stops: an in-distribution first turn on any CPU); the game wants
+    `answers` - where that is not 46 (the tests give words, which it never writes) it is told "no" and plays on."""
+    k = len(answers)
+    return PromptBatch(policy_version=0, example_ids=list(range(k)), prompt_ids=[[1]] * k, answers=answers,
                        tasks=[None] * k, messages=[[{"role": "user", "content": "12+34="}] for _ in range(k)],
-                       columns=[{"low": 1, "high": 99, "secret": s, "max_turns": 3} for s in secrets])
+                       columns=[{} for _ in range(k)])
 
 
 def test_the_rollout_role_runs_whole_episodes_through_the_environment_role(roles):
     rollout, env, _workers = roles
-    traj = rollout.generate(_prompts([46, 12, 80]), n=2, temperature=1.0, max_new_tokens=12, seed=5)
-    assert traj.group_index == [0, 0, 1, 1, 2, 2] and traj.policy_version == 0 and traj.answers[4] == "80"
-    assert len(traj.sampled) == 6 and any(0 in m for m in traj.sampled)  # the game answered some turns
+    traj = rollout.generate(_prompts(["46", "none", "never"]), n=2, temperature=1.0, max_new_tokens=12, seed=5)
+    assert traj.group_index == [0, 0, 1, 1, 2, 2] and traj.policy_version == 0 and traj.answers[4] == "never"
+    assert all(0 in m for m in traj.sampled[2:])  # the game answered the wrong rows' turns
     for ids, lps, mask, ep in zip(traj.response_ids, traj.logprobs, traj.sampled, traj.episodes):
         assert len(ids) == len(lps) == len(mask) <= EPISODE.max_total_tokens
         assert all(lp == 0.0 for lp, m in zip(lps, mask) if m == 0) and all(lp <= 0 for lp, m in zip(lps, mask) if m)
         runs = sum(1 for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1]))  # sampled turns in the ids
         assert 1 <= ep.turns <= 3 and runs == ep.turns and ep.tool_calls == 0 and ep.failures == {}
-    # the game's own reward (get_reward: 0 unless solved, then 1 down to 0.5), read as each episode ended
-    assert traj.env_rewards is not None and all(r == 0.0 or 0.5 <= r <= 1.0 for r in traj.env_rewards)
+    assert all(ep.turns >= 2 for ep in traj.episodes[2:])
+    # the game's own reward (get_reward: 1 / attempts when solved, 0 unsolved), read as each episode ended
+    assert traj.env_rewards is not None and traj.env_rewards[2:] == [0.0] * 4
+    assert all(r in (0.0, 1.0, 0.5, 1 / 3) for r in traj.env_rewards)
     assert all(r == 0.0 for r, f in zip(traj.env_rewards, traj.finished) if not f)
     tok = rollout.layout.tokenizer  # the game's answers are plain user turns (a tool's result would be wrapped)
     env_text = [tok.decode([t for t, m in zip(ids, mask) if not m]) for ids, mask in zip(traj.response_ids, traj.sampled)]
-    assert any(w in t for t in env_text for w in ("higher", "lower", "Answer")) and not any("tool_response" in t for t in env_text)
+    assert all("no" in t for t in env_text[2:]) and not any("tool_response" in t for t in env_text)
     assert env._owner == {}  # every episode finished and closed on the worker that held it
     m = episode_metrics(traj)
     assert m["env/turns_mean"] == sum(e.turns for e in traj.episodes) / 6 and m["env/tool_calls_mean"] == 0
@@ -69,8 +76,8 @@ def test_the_rollout_role_runs_whole_episodes_through_the_environment_role(roles
 
 def test_the_environment_role_scores_its_episodes_and_names_its_code(roles):
     rollout, env, _ = roles
-    traj = rollout.generate(_prompts([7, 9]), n=2, temperature=1.0, max_new_tokens=12, seed=1)
+    traj = rollout.generate(_prompts(["46", "none"]), n=2, temperature=1.0, max_new_tokens=12, seed=1)
     scores = env.score(traj)
     assert scores.names == ["env"] and scores.sources == [GAME] and env.weighted(scores) == traj.env_rewards
     assert set(env.identity) == {GAME} and len(env.identity[GAME]) == 64  # the game's source sha256, for lineage
-    assert rollout.prompt_room == EPISODE.max_total_tokens  # GuessNumber has no tools: no tools turn
+    assert rollout.prompt_room == EPISODE.max_total_tokens  # the game has no tools: no tools turn
