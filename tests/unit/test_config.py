@@ -83,6 +83,9 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"rl": {"tools": ["pkg.mod:fn", "pkg.mod"]}}', "rl.tools[1]"),
     ('{"rl": {"environment": "posttrain.envs.builtin:Calculator"}}', "rl.episode.max_total_tokens"),  # 256 > tiny_cpu's 32
     ('{"rl": {"environment": "posttrain.envs.builtin:Calculator", "episode": {"max_total_tokens": 4}}}', "rl.episode.max_total_tokens"),
+    ('{"eval": {"episode": {"max_turns": 2}}}', "eval.episode.max_turns"),  # eval's episodes: the same checks
+    ('{"eval": {"tools": ["pkg.mod"]}}', "eval.tools[0]"),
+    ('{"eval": {"environment": "posttrain.envs.builtin:Calculator"}}', "eval.episode.max_total_tokens"),
     ('{"rl": {"environment": "posttrain.envs.builtin:Calculator", "episode": {"max_total_tokens": 24, "max_turns": 0}}}',
      "rl.episode.max_turns"),
     (('{"rl": {"algorithm": "dapo", "overlong_buffer": 2, "environment": "posttrain.envs.builtin:Calculator", '

@@ -193,6 +193,10 @@ def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
            f"must be < model.max_seq_len = {m.max_seq_len} (prompt and completion share it)")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     _check(e.backend != RolloutBackend.VLLM or vllm_installed(), "eval.backend", _NO_VLLM)
+    _check_episode_settings("eval", e.environment, e.tools, e.episode, e.max_new_tokens, m)
+    _check(e.backend == RolloutBackend.TRANSFORMERS or not (e.environment or e.tools), "eval.backend",
+           "must be 'transformers' with eval.environment or eval.tools: episodes are evaluated on the transformers "
+           "engine (vLLM's turn-by-turn episodes are not yet tested)")
 
 
 def _check_reward(w: RewardConfig, *, trained_model: bool = False, environment: bool = False) -> None:
@@ -298,33 +302,40 @@ def _check_rl_algorithm(r: RLConfig) -> None:
 
 def _check_episodes(r: RLConfig, m: ModelConfig, p: PlacementConfig) -> None:
     """rl.environment / rl.tools and their limits (rl.episode)."""
-    _check(r.environment == "" or _is_import_path(r.environment), "rl.environment", "must look like 'module:Class'")
-    for i, t in enumerate(r.tools):
-        _check(isinstance(t, str) and _is_import_path(t), f"rl.tools[{i}]", f"must look like 'module:function', got {t!r}")
-    _check(len(set(r.tools)) == len(r.tools), "rl.tools", "names a function twice")
-    e = r.episode
+    _check_episode_settings("rl", r.environment, r.tools, r.episode, r.max_new_tokens, m)
     _check(p.environment_workers >= 1, "placement.environment_workers", "must be >= 1")
     _check(p.environment_workers == 1 or bool(r.environment or r.tools), "placement.environment_workers",
            "only means something with rl.environment or rl.tools set")
-    if not (r.environment or r.tools):
+    if r.environment or r.tools:
+        _check(r.overlong_buffer == 0, "rl.overlong_buffer",
+               "must be 0 with multi-turn episodes: DAPO's overlong punishment reads one completion's length")
+
+
+def _check_episode_settings(section: str, environment: str, tools: list[str], e: EpisodeConfig,
+                            max_new_tokens: int, m: ModelConfig) -> None:
+    """`section`.environment / .tools and their limits (`section`.episode): rl's or eval's."""
+    _check(environment == "" or _is_import_path(environment), f"{section}.environment", "must look like 'module:Class'")
+    for i, t in enumerate(tools):
+        _check(isinstance(t, str) and _is_import_path(t), f"{section}.tools[{i}]",
+               f"must look like 'module:function', got {t!r}")
+    _check(len(set(tools)) == len(tools), f"{section}.tools", "names a function twice")
+    if not (environment or tools):
         for name in EpisodeConfig.__dataclass_fields__:
-            _check(getattr(e, name) == getattr(EpisodeConfig(), name), f"rl.episode.{name}",
-                   "only means something with rl.environment or rl.tools set")
+            _check(getattr(e, name) == getattr(EpisodeConfig(), name), f"{section}.episode.{name}",
+                   f"only means something with {section}.environment or {section}.tools set")
         return
-    _check(all(isinstance(x, str) and x.strip() for x in e.python_path), "rl.episode.python_path",
+    _check(all(isinstance(x, str) and x.strip() for x in e.python_path), f"{section}.episode.python_path",
            "entries must be non-empty folder paths")
-    _check(e.max_turns >= 1, "rl.episode.max_turns", "must be >= 1")
-    _check(e.max_env_tokens >= 1, "rl.episode.max_env_tokens", "must be >= 1")
-    _check(e.max_total_tokens >= r.max_new_tokens, "rl.episode.max_total_tokens",
-           f"must be >= rl.max_new_tokens = {r.max_new_tokens} (room for one sampled turn)")
-    _check(e.max_total_tokens < m.max_seq_len, "rl.episode.max_total_tokens",
+    _check(e.max_turns >= 1, f"{section}.episode.max_turns", "must be >= 1")
+    _check(e.max_env_tokens >= 1, f"{section}.episode.max_env_tokens", "must be >= 1")
+    _check(e.max_total_tokens >= max_new_tokens, f"{section}.episode.max_total_tokens",
+           f"must be >= {section}.max_new_tokens = {max_new_tokens} (room for one sampled turn)")
+    _check(e.max_total_tokens < m.max_seq_len, f"{section}.episode.max_total_tokens",
            f"must be < model.max_seq_len = {m.max_seq_len} (the prompt and the whole episode share it)")
-    _check(e.tool_timeout_s > 0, "rl.episode.tool_timeout_s", "must be > 0")
-    _check(e.tool_cpu_s >= 0, "rl.episode.tool_cpu_s", "must be >= 0 (0: no limit)")
-    _check(e.tool_memory_mb >= 0, "rl.episode.tool_memory_mb", "must be >= 0 (0: no limit)")
-    _check(e.max_result_chars >= 1, "rl.episode.max_result_chars", "must be >= 1")
-    _check(r.overlong_buffer == 0, "rl.overlong_buffer",
-           "must be 0 with multi-turn episodes: DAPO's overlong punishment reads one completion's length")
+    _check(e.tool_timeout_s > 0, f"{section}.episode.tool_timeout_s", "must be > 0")
+    _check(e.tool_cpu_s >= 0, f"{section}.episode.tool_cpu_s", "must be >= 0 (0: no limit)")
+    _check(e.tool_memory_mb >= 0, f"{section}.episode.tool_memory_mb", "must be >= 0 (0: no limit)")
+    _check(e.max_result_chars >= 1, f"{section}.episode.max_result_chars", "must be >= 1")
 
 
 def _check_placement(p: PlacementConfig, r: RLConfig) -> None:

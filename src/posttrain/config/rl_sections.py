@@ -63,15 +63,16 @@ class RewardConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EpisodeConfig:
-    """Multi-turn episodes (rl.environment / rl.tools, posttrain.envs): their limits and where the user's code is
-    imported from. The environment and its tools run in a process of their own per worker, never in a worker."""
+    """Multi-turn episodes (rl.environment / rl.tools, or eval.environment / eval.tools; posttrain.envs): their
+    limits and where the user's code is imported from. The environment and its tools run in a process of their
+    own (per RL worker), never in a worker or the evaluation's process."""
 
     python_path: list[str] = field(default_factory=list)
     """Folders put first on the tool process's sys.path: where the environment's or tools' modules live. Must
-    exist where RL runs."""
+    exist where the episodes run."""
     max_turns: int = 4
-    """Turns the policy samples per episode, each at most rl.max_new_tokens; the environment answers after each
-    but the last (which is the episode's answer whatever it says)."""
+    """Turns the policy samples per episode, each at most rl.max_new_tokens (eval.max_new_tokens); the
+    environment answers after each but the last (which is the episode's answer whatever it says)."""
     max_env_tokens: int = 64
     """Tokens of one environment answer (a tool's result, an observation); a longer one is cut to this, with a
     visible marker the model reads."""

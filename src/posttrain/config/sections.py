@@ -217,5 +217,13 @@ class EvalConfig:
     """Sampling seed."""
     backend: RolloutBackend = RolloutBackend.TRANSFORMERS
     """Generation engine: "transformers", or "vllm" (a separate install: `make install-vllm`)."""
+    environment: str = ""
+    """Evaluate in a multi-turn environment (`module:Class`, as rl.environment): each problem is an episode
+    (greedy, and k sampled ones) and its last sampled turn is what the verifier or reward.fn scores. Empty:
+    one completion per problem, no environment."""
+    tools: list[str] = field(default_factory=list)
+    """Tool functions (`module:function`, as rl.tools) the model may call in its episodes."""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    """The episodes' limits and python_path (as rl.episode); eval.max_new_tokens is each turn's limit."""
 
 

@@ -13,6 +13,10 @@ of them (it may not need an answer). Leaves out: stopping on a failure rate (RL 
 
 Engine (`eval.backend`): posttrain.models.generate on the transformers model, or the vLLM rollout engine
 (posttrain.rl.roles.rollout_vllm; same stop ids, sampling and seeds contract).
+
+In an environment (eval.environment / eval.tools; posttrain.eval.episodes): each problem is a multi-turn
+episode (transformers engine), its last sampled turn is what is scored, response tokens count the model's own
+only, the report's `episodes` says what happened and every problem keeps its greedy episode turn by turn.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from posttrain.config import ConfigError, EvalConfig, RewardConfig, RolloutBackend
 from posttrain.data.chat import encode_prompt
 from posttrain.data.examples import prompt_messages, read_examples
+from posttrain.eval.episodes import episode_summary, run_eval_episodes
 from posttrain.eval.report import EvalReport
 from posttrain.models.generate import generate
 from posttrain.models.io import eos_token_ids, load_model, load_tokenizer
@@ -50,29 +55,39 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         scorer.check_arguments({k for ex in problems for k in (ex.get("columns") or {})})  # before generating
         torch.set_num_threads(max(1, torch.get_num_threads()))
         tok = load_tokenizer(model_dir)
-        gen = generator(model_dir, tok, cfg, device)
-        prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
         t0 = time.perf_counter()
-        greedy = gen(prompts, temperature=0.0, n=1, on_batch=_progress("greedy"))
-        sampled = gen(prompts, temperature=cfg.temperature, n=cfg.k, on_batch=_progress(f"sampled (k={cfg.k})")) \
-            if cfg.k > 0 else []
-        seconds = time.perf_counter() - t0
+        if cfg.environment or cfg.tools:
+            greedy_eps, sampled_eps = run_eval_episodes(model_dir, tok, cfg, problems, device)
+            seconds = time.perf_counter() - t0
+            greedy_texts, sampled_texts = [e.final_text for e in greedy_eps], [e.final_text for e in sampled_eps]
+            n_tokens = sum(sum(e.sampled) for e in greedy_eps + sampled_eps)  # the model's own tokens only
+            episodes = episode_summary(greedy_eps + sampled_eps, cfg.environment, cfg.tools)
+            transcripts = [[list(t) for t in e.transcript] for e in greedy_eps]
+        else:
+            gen = generator(model_dir, tok, cfg, device)
+            prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
+            greedy = gen(prompts, temperature=0.0, n=1, on_batch=_progress("greedy"))
+            sampled = gen(prompts, temperature=cfg.temperature, n=cfg.k, on_batch=_progress(f"sampled (k={cfg.k})")) \
+                if cfg.k > 0 else []
+            seconds = time.perf_counter() - t0
+            greedy_texts, sampled_texts = ([tok.decode(g.response_ids, skip_special_tokens=True) for g in gs]
+                                           for gs in (greedy, sampled))
+            n_tokens = sum(len(g.response_ids) for g in greedy + sampled)
+            episodes, transcripts = None, None
 
-        def decode(g):
-            return tok.decode(g.response_ids, skip_special_tokens=True)
-
-        g_res = scorer.score([RewardSample.from_example(ex, decode(g)) for g, ex in zip(greedy, problems)])
-        s_res = scorer.score([RewardSample.from_example(problems[i // cfg.k], decode(g)) for i, g in enumerate(sampled)])
+        g_res = scorer.score([RewardSample.from_example(ex, t) for t, ex in zip(greedy_texts, problems)])
+        s_res = scorer.score([RewardSample.from_example(problems[i // cfg.k], t) for i, t in enumerate(sampled_texts)])
         scorer_name = scorer.name if reward.fn else f"verifier:{problems[0].get('task')}"
     g_ok = [r.failure is None and r.score >= 1.0 for r in g_res]
     s_ok = [[r.failure is None and r.score >= 1.0 for r in s_res[i * cfg.k:(i + 1) * cfg.k]]
             for i in range(len(problems))] if cfg.k > 0 else []
     failures = [r.failure for r in g_res + s_res if r.failure is not None]
-    n_tokens = sum(len(g.response_ids) for g in greedy + sampled)
-    every = [{"prompt": prompt_messages(ex)[-1]["content"], "greedy": decode(g), "answer": ex.get("answer"),
+    n_completions = len(greedy_texts) + len(sampled_texts)
+    every = [{"prompt": prompt_messages(ex)[-1]["content"], "greedy": t, "answer": ex.get("answer"),
               "score": r.score, "correct": ok, "failure": r.failure,
-              "sampled_correct": sum(s_ok[i]) if cfg.k > 0 else None}
-             for i, (ex, g, r, ok) in enumerate(zip(problems, greedy, g_res, g_ok))]
+              "sampled_correct": sum(s_ok[i]) if cfg.k > 0 else None,
+              **({"episode": transcripts[i]} if transcripts is not None else {})}
+             for i, (ex, t, r, ok) in enumerate(zip(problems, greedy_texts, g_res, g_ok))]
     samples = [{k: v for k, v in p.items() if k != "sampled_correct"} for p in every[:10]]
     return EvalReport(
         greedy_accuracy=sum(g_ok) / len(problems),
@@ -82,8 +97,8 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, scorer=scorer_name,
         reward_failures=len(failures), reward_calls=len(g_res) + len(s_res),
         reward_failure_examples=_distinct(failures, FAILURE_EXAMPLES),
-        mean_response_tokens=n_tokens / len(greedy + sampled), seconds=seconds,
-        generated_tokens_per_s=n_tokens / max(seconds, 1e-9), samples=samples, problems=every)
+        mean_response_tokens=n_tokens / n_completions, seconds=seconds,
+        generated_tokens_per_s=n_tokens / max(seconds, 1e-9), samples=samples, problems=every, episodes=episodes)
 
 
 def _progress(what: str) -> Callable[[int, int], None]:

@@ -37,7 +37,13 @@ class EvalReport:
     """The first 10 problems: prompt, answer, greedy completion, score, correct, failure."""
     problems: list[dict] = field(default_factory=list)
     """Every problem scored, as in `samples`, plus `sampled_correct`: how many of the k samples were correct
-    (None when k == 0). Reports written before this field have none."""
+    (None when k == 0). Reports written before this field have none. In an environment each also has
+    `episode`: its greedy episode turn by turn, [[who, text]...] (who: policy, tool or env), and `greedy` is
+    the episode's last sampled turn."""
+    episodes: dict | None = None
+    """With eval.environment / eval.tools (posttrain.eval.episodes.episode_summary), over every episode (greedy
+    and sampled): environment, tools, episodes, turns_mean, tool_calls_mean, tool_failures {kind: n},
+    finished, env_reward_mean (None without the environment's own rewards). None: no environment."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=False)

@@ -205,11 +205,36 @@ def eval_page(store: ArtifactStore, id_: str) -> str:
         parts.append(section("comparison", "Against the start model", note(
             f"The start model's eval {start.id[:12]} on the same dataset."),
             table(("metric", "start model", "this model", "change"), rows)))
+    if r.episodes is not None:
+        parts.append(_episodes_section(r))
     parts.append(section("samples", "Samples", table(
-        ("prompt", "completion (greedy)", "answer", "reward", "correct"),
+        ("prompt", "completion (greedy)" if r.episodes is None else "last turn (greedy)", "answer", "reward", "correct"),
         [[s.get("prompt"), s.get("greedy"), s.get("answer"), s.get("score"), s.get("correct")] for s in r.samples],
         text_columns=(0, 1))))
     return page(f"Eval {m.name}", parts)
+
+
+EPISODES_SHOWN = 3
+"""Greedy episodes shown turn by turn on an eval page in an environment (those of several turns first)."""
+
+
+def _episodes_section(r: EvalReport) -> str:
+    """In an environment: what happened over all episodes, and the first greedy episodes turn by turn."""
+    e = r.episodes
+    facts = {"environment": e["environment"] or "(tools only)", "tools": ", ".join(e["tools"]) or "none",
+             "episodes (greedy + sampled)": e["episodes"], "turns per episode": e["turns_mean"],
+             "tool calls per episode": e["tool_calls_mean"], "finished": e["finished"],
+             "failed tool calls": ", ".join(f"{k} {v}" for k, v in sorted(e["tool_failures"].items())) or "none",
+             "environment's reward per episode": "none given" if e["env_reward_mean"] is None else e["env_reward_mean"]}
+    with_env = [s for s in r.samples if len(s.get("episode") or ()) > 1]  # those where the environment spoke first
+    shown = (with_env + [s for s in r.samples if s.get("episode") and s not in with_env])[:EPISODES_SHOWN]
+    tables = [part for s in shown for part in (
+        note(f"{s.get('prompt')!r} (answer {s.get('answer')!r}): {'correct' if s.get('correct') else 'wrong'}"),
+        table(("turn", "who", "text"), [[i + 1, who, text] for i, (who, text) in enumerate(s["episode"])],
+              text_columns=(2,)))]
+    return section("episodes", "Episodes", note(
+        "Each problem was an episode in the environment; its last sampled turn was scored. Response tokens count "
+        "the model's own only."), key_values(facts), *tables)
 
 
 def promotion_page(decision: dict) -> str:

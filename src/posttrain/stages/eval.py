@@ -31,12 +31,17 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
     """Score the model on the dataset's held-out split and store an `eval` artifact (parent: the model).
     The manifest's metrics hold sampled_accuracy and pass_at_k only when eval.k > 0. With `tracking` (and
     tracking.wandb), a new evaluation is also a wandb run with its numbers and a per-problem table."""
+    from posttrain.envs.plan import check_episodes
     from posttrain.eval import evaluate as run_eval
 
     store = store or ArtifactStore()
     reward = reward.function_only()  # evaluation scores with the function or verifier alone
-    key = store.cache_key("eval", to_dict(cfg), to_dict(reward), model.id, dataset.id,
-                          source_digest("eval", "models", "rewards", "data/verifiers.py", "data/examples.py"))
+    # eval.environment / eval.tools: they import in a short-lived child and the template can keep an episode's
+    # tokens, or this fails naming why; their source hashes key the cache (an edited environment re-evaluates)
+    episodes = check_episodes(cfg, str(model_folder(store, model))) if cfg.environment or cfg.tools else {}
+    code = ("eval", "models", "rewards", "data/verifiers.py", "data/examples.py", *(("envs",) if episodes else ()))
+    key = store.cache_key("eval", to_dict(cfg), to_dict(reward), model.id, dataset.id, source_digest(*code),
+                          *((episodes,) if episodes else ()))
     ref = store.cache_get(key)
     if ref is None:
         report = run_eval(model_folder(store, model), store.get(dataset), cfg, reward)
@@ -46,9 +51,13 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
                        "reward_calls": report.reward_calls, "reward_failures": report.reward_failures}
             if report.sampled_accuracy is not None:
                 metrics.update(sampled_accuracy=report.sampled_accuracy, pass_at_k=report.pass_at_k)
+            if report.episodes is not None:
+                metrics.update({f"env/{k}": v for k, v in report.episodes.items()
+                                if k in ("turns_mean", "tool_calls_mean", "finished", "env_reward_mean") and v is not None})
             ref = store.put("eval", f"eval-{model.name}", Path(tmp), run_id=run_id, parents=[model.id, dataset.id],
                             config={**to_dict(cfg), "reward": to_dict(reward), "dataset_id": dataset.id,
-                                    "model_id": model.id}, metrics=metrics)
+                                    "model_id": model.id, **({"environment": episodes} if episodes else {})},
+                            metrics=metrics)
         store.cache_put(key, ref)
         if tracking is not None:
             _eval_to_wandb(tracking, report, metrics, ref=ref, model=model, dataset=dataset, run_id=run_id,

@@ -18,7 +18,8 @@ from typing import Any
 
 from posttrain.config import EpisodeConfig
 from posttrain.envs.episodes import EnvReply, EpisodeEnd, LocalEnv
-from posttrain.envs.process import ToolLimits, ToolProcess
+from posttrain.envs.plan import tool_limits
+from posttrain.envs.process import ToolProcess
 from posttrain.envs.tools import ToolSpec
 from posttrain.rl.dispatch import split_even
 from posttrain.rl.remote import gather
@@ -30,10 +31,8 @@ class EnvironmentWorker:
     def __init__(self, environment: str, tools: list[str], episode: EpisodeConfig, rank: int, world_size: int):
         set_torch_threads()
         self.id = worker_identity("environment", rank, world_size)
-        limits = ToolLimits(timeout_s=episode.tool_timeout_s, cpu_s=episode.tool_cpu_s,
-                            memory_mb=episode.tool_memory_mb, max_result_chars=episode.max_result_chars)
         # a bad import path, a tool without types or docs fails here, naming it, before any step
-        self.process = ToolProcess(environment, tools, episode.python_path, limits)
+        self.process = ToolProcess(environment, tools, episode.python_path, tool_limits(episode))
         self.env = LocalEnv(self.process)
         self.busy_s = 0.0
 
