@@ -94,9 +94,9 @@ def _controller(spec: dict, args):
     from posttrain.recipes import resolve
     from posttrain.rl.controller import Controller
     from posttrain.rl.remote import LocalActor
+    from posttrain.rl.roles.composed import served_by_policy
     from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_group import PolicyGroup
-    from posttrain.rl.roles.composed import served_by_policy
     from posttrain.rl.roles.registry import RunSettings
     from posttrain.rl.roles.reward import RewardGroup, RewardWorker
     from posttrain.rl.state import PromptSampler

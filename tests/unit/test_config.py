@@ -83,6 +83,8 @@ def test_overrides_change_one_field_and_keep_the_rest():
     ('{"rl": {"tools": ["pkg.mod:fn", "pkg.mod"]}}', "rl.tools[1]"),
     ('{"rl": {"environment": "posttrain.envs.builtin:Calculator"}}', "rl.episode.max_total_tokens"),  # 256 > tiny_cpu's 32
     ('{"rl": {"environment": "posttrain.envs.builtin:Calculator", "episode": {"max_total_tokens": 4}}}', "rl.episode.max_total_tokens"),
+    (('{"rl": {"environment": "posttrain.envs.builtin:Calculator", "parallelism": "fsdp2", "episode": '
+      '{"max_total_tokens": 24}}, "placement": {"rollout_workers": 0, "policy_workers": 2}}'), "placement.rollout_workers"),
     ('{"eval": {"episode": {"max_turns": 2}}}', "eval.episode.max_turns"),  # eval's episodes: the same checks
     ('{"eval": {"tools": ["pkg.mod"]}}', "eval.tools[0]"),
     ('{"eval": {"environment": "posttrain.envs.builtin:Calculator"}}', "eval.episode.max_total_tokens"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.envs.builtin import Calculator, GuessNumber
+from posttrain.envs.builtin import Calculator
 from posttrain.envs.calls import render_call
 from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, LocalEnv, run_episodes
 from posttrain.envs.host import EnvironmentHost

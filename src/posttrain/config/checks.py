@@ -13,6 +13,7 @@ from posttrain.config.enums import (
     DistillLoss,
     DPOLoss,
     MismatchCorrection,
+    Parallelism,
     PlacementMode,
     RolloutBackend,
 )
@@ -309,6 +310,12 @@ def _check_episodes(r: RLConfig, m: ModelConfig, p: PlacementConfig) -> None:
     if r.environment or r.tools:
         _check(r.overlong_buffer == 0, "rl.overlong_buffer",
                "must be 0 with multi-turn episodes: DAPO's overlong punishment reads one completion's length")
+        # each later turn samples only the episodes still going: fewer than the ranks, and a sharded policy's
+        # gather (every rank must enter it) would wait for ranks that were given none
+        _check(p.rollout_workers >= 1 or r.parallelism != Parallelism.FSDP2 or p.policy_workers == 1,
+               "placement.rollout_workers", "0 (the policy ranks generate) with rl.parallelism 'fsdp2' and several "
+               "policy workers cannot run multi-turn episodes: a turn with fewer episodes going than ranks leaves "
+               "ranks out of the sharded model's gather; use rollout workers or rl.parallelism 'ddp'")
 
 
 def _check_episode_settings(section: str, environment: str, tools: list[str], e: EpisodeConfig,

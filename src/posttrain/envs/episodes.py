@@ -128,12 +128,17 @@ class LocalEnv:
         return EnvReply(answer=out, tool_call=True)
 
     def finish(self, keys):
-        ends = []
+        """Every key's instance is closed, even after one's `get_reward` failed (that error is raised after)."""
+        ends, error = [], None
         for k in keys:
             try:
                 ends.append(EpisodeEnd(reward=self.tools.reward(k) if self.tools.has_reward else None))
+            except Exception as e:  # noqa: BLE001 - re-raised once every instance is closed
+                error = error or e
             finally:
                 self.tools.close(k)
+        if error is not None:
+            raise error
         return ends
 
 
@@ -188,14 +193,16 @@ class EpisodeLayout:
     @classmethod
     def check(cls, tokenizer, stop_ids: list[int], name: str = "the model's chat template") -> EpisodeLayout:
         """The layout, or a ToolError naming what the template does that episodes cannot use."""
-        msgs = [{"role": "user", "content": "question"}, {"role": "assistant", "content": _MARK},
-                response_turn("result"), {"role": "assistant", "content": _MARK + "2"}, response_turn("again")]
-        renders = [_render(tokenizer, msgs[:k], gen=msgs[k - 1]["role"] != "assistant") for k in range(1, 6)]
-        for k in range(1, 5):
-            if not renders[k].startswith(renders[k - 1]):
-                raise ToolError(f"{name} does not render an episode's earlier turns as a prefix of the later "
-                                f"ones (turn {k + 1} re-renders turn {k}): multi-turn episodes cannot keep the "
-                                "sampled tokens as sampled with it")
+        # the environment's turns: a tool's result, or a step's observation as a plain user turn
+        for env_turn in (response_turn, lambda text: {"role": "user", "content": text}):
+            msgs = [{"role": "user", "content": "question"}, {"role": "assistant", "content": _MARK},
+                    env_turn("result"), {"role": "assistant", "content": _MARK + "2"}, env_turn("again")]
+            renders = [_render(tokenizer, msgs[:k], gen=msgs[k - 1]["role"] != "assistant") for k in range(1, 6)]
+            for k in range(1, 5):
+                if not renders[k].startswith(renders[k - 1]):
+                    raise ToolError(f"{name} does not render an episode's earlier turns as a prefix of the later "
+                                    f"ones (turn {k + 1} re-renders turn {k}): multi-turn episodes cannot keep the "
+                                    "sampled tokens as sampled with it")
         tail = renders[1][renders[1].rindex(_MARK) + len(_MARK):]  # what follows an assistant message
         after = {}
         for s in stop_ids:
@@ -259,7 +266,8 @@ def run_episodes(engine: Sampler, layout: EpisodeLayout, env: EpisodeEnv, rows: 
     row_of = [i for i in range(len(rows)) for _ in range(n)]
     firsts = env.open(keys, [rows[i] for i in row_of])
     try:
-        episodes = [Episode(prompt_ids=layout.prompt_ids(messages[i], env.specs, first))
+        episodes = [Episode(prompt_ids=layout.prompt_ids(
+            messages[i], env.specs, None if first is None else layout.cut(first, limits.max_env_tokens)))
                     for i, first in zip(row_of, firsts)]
         active = list(range(len(episodes)))
         for turn in range(limits.max_turns):

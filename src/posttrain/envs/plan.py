@@ -15,8 +15,28 @@ key: a changed environment trains a new model (or evaluates again) instead of re
 from __future__ import annotations
 
 from posttrain.config import EpisodeConfig, EvalConfig, RLConfig
-from posttrain.envs.episodes import EpisodeLayout
+from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits
 from posttrain.envs.process import ToolLimits, ToolProcess
+
+
+def episode_limits(e: EpisodeConfig, max_new_tokens: int) -> EpisodeLimits:
+    """An episode's limits: `e`'s, with `max_new_tokens` per sampled turn (rl's or eval's)."""
+    return EpisodeLimits(max_turns=e.max_turns, max_new_tokens=max_new_tokens, max_env_tokens=e.max_env_tokens,
+                         max_total_tokens=e.max_total_tokens)
+
+
+def episode_row(columns: dict, answer: str | None) -> dict:
+    """What an episode's `reset(**row)` may name: the dataset row's columns and its answer."""
+    return {**(columns or {}), **({"answer": answer} if answer is not None else {})}
+
+
+def checked_layout(model_dir: str) -> EpisodeLayout:
+    """The model folder's episode layout, or a ToolError naming what its chat template does that episodes
+    cannot use."""
+    from posttrain.models.io import eos_token_ids, load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    return EpisodeLayout.check(tok, eos_token_ids(model_dir, tok), name=f"the chat template of {model_dir}")
 
 
 def tool_limits(e: EpisodeConfig) -> ToolLimits:
@@ -34,13 +54,10 @@ def check_episodes(section: RLConfig | EvalConfig, model_dir: str) -> dict[str, 
     """{} without `section`.environment / .tools (section: the RL or the eval config)."""
     if not (section.environment or section.tools):
         return {}
-    from posttrain.models.io import eos_token_ids, load_tokenizer
-
     process = episode_process(section)
     try:
         identity = dict(process.identity)
     finally:
         process.shutdown()
-    tok = load_tokenizer(model_dir)
-    EpisodeLayout.check(tok, eos_token_ids(model_dir, tok), name=f"the chat template of {model_dir}")
+    checked_layout(model_dir)
     return identity

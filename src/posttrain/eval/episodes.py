@@ -4,18 +4,19 @@ against the user's environment and tools in their sandboxed tool process (posttr
 (one episode per problem) and, with eval.k > 0, k sampled ones. What is scored is each episode's last sampled
 turn (`Episode.final_text`), by the verifier or reward.fn, exactly as a single completion is.
 
-    greedy, sampled = run_eval_episodes(model_dir, tok, cfg, problems)
+    greedy, sampled, seconds = run_eval_episodes(model_dir, tok, cfg, problems)
     episode_summary(greedy + sampled) -> {"turns_mean", "tool_calls_mean", "tool_failures", "finished", ...}
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from posttrain.config import EvalConfig
 from posttrain.data.examples import prompt_messages
-from posttrain.envs.episodes import Episode, EpisodeLayout, EpisodeLimits, LocalEnv, run_episodes
-from posttrain.envs.plan import episode_process
+from posttrain.envs.episodes import Episode, LocalEnv, run_episodes
+from posttrain.envs.plan import checked_layout, episode_limits, episode_process, episode_row
 from posttrain.models.generate import Generation, generate
 from posttrain.models.io import eos_token_ids, load_model
 
@@ -35,27 +36,28 @@ class _Sampler:
 
 
 def run_eval_episodes(model_dir: str | Path, tok, cfg: EvalConfig, problems: list[dict], device: str = "cpu"
-                      ) -> tuple[list[Episode], list[Episode]]:
-    """(greedy episodes, one per problem; sampled episodes, k per problem in problem order, [] when k == 0)."""
-    layout = EpisodeLayout.check(tok, eos_token_ids(model_dir, tok), name=f"the chat template of {model_dir}")
+                      ) -> tuple[list[Episode], list[Episode], float]:
+    """(greedy episodes, one per problem; sampled episodes, k per problem in problem order, [] when k == 0;
+    seconds the episodes took - not the model's loading or the tool process's start)."""
+    layout = checked_layout(str(model_dir))
     sampler = _Sampler(model_dir, tok, cfg.batch_size, device)
-    limits = EpisodeLimits(max_turns=cfg.episode.max_turns, max_new_tokens=cfg.max_new_tokens,
-                           max_env_tokens=cfg.episode.max_env_tokens, max_total_tokens=cfg.episode.max_total_tokens)
-    rows = [{**(ex.get("columns") or {}), **({"answer": ex["answer"]} if ex.get("answer") is not None else {})}
-            for ex in problems]
+    limits = episode_limits(cfg.episode, cfg.max_new_tokens)
+    rows = [episode_row(ex.get("columns"), ex.get("answer")) for ex in problems]
     messages = [prompt_messages(ex) for ex in problems]
     process = episode_process(cfg)  # a bad import path or an undocumented tool fails here, before generating
     try:
         env = LocalEnv(process)
+        t0 = time.perf_counter()
         greedy = run_episodes(sampler, layout, env, rows, messages, n=1, limits=limits, temperature=0.0,
                               seed=cfg.seed, key_prefix="greedy")
         print(f"eval greedy episodes: {len(greedy)} done, {_mean(e.turns for e in greedy):.2f} turns each", flush=True)
         sampled = run_episodes(sampler, layout, env, rows, messages, n=cfg.k, limits=limits,
                                temperature=cfg.temperature, seed=cfg.seed, top_p=cfg.top_p, top_k=cfg.top_k,
                                key_prefix="sampled") if cfg.k > 0 else []
+        seconds = time.perf_counter() - t0
     finally:
         process.shutdown()
-    return greedy, sampled
+    return greedy, sampled, seconds
 
 
 def episode_summary(episodes: list[Episode], environment: str, tools: list[str]) -> dict:

@@ -55,10 +55,8 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         scorer.check_arguments({k for ex in problems for k in (ex.get("columns") or {})})  # before generating
         torch.set_num_threads(max(1, torch.get_num_threads()))
         tok = load_tokenizer(model_dir)
-        t0 = time.perf_counter()
         if cfg.environment or cfg.tools:
-            greedy_eps, sampled_eps = run_eval_episodes(model_dir, tok, cfg, problems, device)
-            seconds = time.perf_counter() - t0
+            greedy_eps, sampled_eps, seconds = run_eval_episodes(model_dir, tok, cfg, problems, device)
             greedy_texts, sampled_texts = [e.final_text for e in greedy_eps], [e.final_text for e in sampled_eps]
             n_tokens = sum(sum(e.sampled) for e in greedy_eps + sampled_eps)  # the model's own tokens only
             episodes = episode_summary(greedy_eps + sampled_eps, cfg.environment, cfg.tools)
@@ -66,6 +64,7 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         else:
             gen = generator(model_dir, tok, cfg, device)
             prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in problems]
+            t0 = time.perf_counter()  # generation only: not the model's loading or the engine's start
             greedy = gen(prompts, temperature=0.0, n=1, on_batch=_progress("greedy"))
             sampled = gen(prompts, temperature=cfg.temperature, n=cfg.k, on_batch=_progress(f"sampled (k={cfg.k})")) \
                 if cfg.k > 0 else []

@@ -33,6 +33,7 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
     tracking.wandb), a new evaluation is also a wandb run with its numbers and a per-problem table."""
     from posttrain.envs.plan import check_episodes
     from posttrain.eval import evaluate as run_eval
+    from posttrain.rewards import reward_identity
 
     store = store or ArtifactStore()
     reward = reward.function_only()  # evaluation scores with the function or verifier alone
@@ -41,7 +42,7 @@ def evaluate(cfg: EvalConfig, reward: RewardConfig, *, model: ArtifactRef, datas
     episodes = check_episodes(cfg, str(model_folder(store, model))) if cfg.environment or cfg.tools else {}
     code = ("eval", "models", "rewards", "data/verifiers.py", "data/examples.py", *(("envs",) if episodes else ()))
     key = store.cache_key("eval", to_dict(cfg), to_dict(reward), model.id, dataset.id, source_digest(*code),
-                          *((episodes,) if episodes else ()))
+                          *((episodes,) if episodes else ()), *((reward_identity(reward),) if reward.fn else ()))
     ref = store.cache_get(key)
     if ref is None:
         report = run_eval(model_folder(store, model), store.get(dataset), cfg, reward)

@@ -88,4 +88,5 @@ def _cache_key(store: ArtifactStore, models, rl_cfg: RLConfig, reward: RewardCon
                            *([episodes] if episodes else []),
                            *([reward_identity(reward)] if reward.fn else []),
                            start_model.id, dataset.id,
-                           source_digest("rl", "spmd", "models", "rewards", "envs", "data/verifiers.py"))
+                           source_digest("rl", "spmd", "models", "rewards", "data/verifiers.py",
+                                         *(("envs",) if episodes else ())))

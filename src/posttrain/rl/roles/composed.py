@@ -32,18 +32,12 @@ def episode_rollout(s: RunSettings, groups: dict[str, Any], max_seq_len: int) ->
     checked here, before any step: a chat template that cannot keep an episode's tokens is refused, naming it."""
     if not uses_episodes(s.rl):
         return {}
-    from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits
-    from posttrain.models.io import eos_token_ids, load_tokenizer
+    from posttrain.envs.plan import checked_layout
     from posttrain.rl.roles.episode_rollout import EpisodeRollout
 
-    tok = load_tokenizer(s.start_model_dir)
-    layout = EpisodeLayout.check(tok, eos_token_ids(s.start_model_dir, tok),
-                                 name=f"the chat template of {s.start_model_dir}")
-    e = s.rl.episode
-    limits = EpisodeLimits(max_turns=e.max_turns, max_new_tokens=s.rl.max_new_tokens,
-                           max_env_tokens=e.max_env_tokens, max_total_tokens=e.max_total_tokens)
+    layout = checked_layout(s.start_model_dir)
     env = groups["environment"]
     if s.reward.fn_weight == 0 and not s.reward.models and not env.rewards:
         raise ValueError(f"reward.fn_weight is 0 and rl.environment {s.rl.environment!r} gives no reward of its own "
                          "(no step rewards, no get_reward): the episodes would all score 0")
-    return {"rollout": EpisodeRollout(groups["rollout"], env, layout, limits, max_seq_len=max_seq_len)}
+    return {"rollout": EpisodeRollout(groups["rollout"], env, layout, s.rl.episode, max_seq_len=max_seq_len)}

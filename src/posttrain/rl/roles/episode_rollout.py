@@ -1,7 +1,7 @@
 """The rollout role with multi-turn episodes (rl.environment / rl.tools): what every loop's `generate` phase
 calls when the run has an environment role, in place of the rollout group it wraps - so no loop changes.
 
-    EpisodeRollout(rollout_group, environment_group, layout, limits).generate(prompts, n=8, ...) -> Trajectories
+    EpisodeRollout(rollout_group, environment_group, layout, rl.episode).generate(prompts, n=8, ...) -> Trajectories
 
 Per step: the environment opens n episodes per prompt (`reset(**row)`: the row's columns and its answer);
 then, turn by turn, the rollout workers sample the next turn of every episode still going (one batched
@@ -14,7 +14,9 @@ sampled turn - what the verifier or reward function scores.
 
 from __future__ import annotations
 
-from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, run_episodes
+from posttrain.config import EpisodeConfig
+from posttrain.envs.episodes import EpisodeLayout, run_episodes
+from posttrain.envs.plan import episode_limits, episode_row
 from posttrain.models.generate import Generation
 from posttrain.rl.roles.environment import EnvironmentGroup
 from posttrain.rl.roles.protocols import Generates
@@ -25,8 +27,8 @@ class _TurnSampler:
     """The rollout group as the episodes' Sampler: a turn's contexts (token ids) as a PromptBatch at the
     step's version, the samples back as Generations; the workers' compute time summed over turns."""
 
-    def __init__(self, rollout: Generates, version: int, tokenizer):
-        self.rollout, self.version, self.tokenizer, self.compute_s = rollout, version, tokenizer, 0.0
+    def __init__(self, rollout: Generates, version: int):
+        self.rollout, self.version, self.compute_s = rollout, version, 0.0
 
     def generate(self, prompts, *, n, temperature, max_new_tokens, seed, top_p=1.0, top_k=0) -> list[Generation]:
         k = len(prompts)
@@ -45,9 +47,10 @@ class _TurnSampler:
 
 class EpisodeRollout:
     def __init__(self, rollout: Generates, environment: EnvironmentGroup, layout: EpisodeLayout,
-                 limits: EpisodeLimits, *, max_seq_len: int):
-        """`max_seq_len`: model.max_seq_len, which an episode's prompt and all its response tokens share."""
-        self.rollout, self.environment, self.layout, self.limits = rollout, environment, layout, limits
+                 episode: EpisodeConfig, *, max_seq_len: int):
+        """`episode`: rl.episode (each sampled turn's limit is `generate`'s max_new_tokens); `max_seq_len`:
+        model.max_seq_len, which an episode's prompt and all its response tokens share."""
+        self.rollout, self.environment, self.layout, self.episode = rollout, environment, layout, episode
         self.max_seq_len = max_seq_len
 
     @property
@@ -56,7 +59,7 @@ class EpisodeRollout:
         (sampled and the environment's); the prompt sampler leaves out rows that would not fit."""
         q = [{"role": "user", "content": "q"}]
         plain = self.layout.prompt_ids(q, [], None)
-        return len(self.layout.prompt_ids(q, self.environment.specs, None)) - len(plain) + self.limits.max_total_tokens
+        return len(self.layout.prompt_ids(q, self.environment.specs, None)) - len(plain) + self.episode.max_total_tokens
 
     def identities(self) -> list[WorkerId]:
         return self.rollout.identities()
@@ -67,11 +70,9 @@ class EpisodeRollout:
     def generate(self, prompts: PromptBatch, *, n: int, temperature: float, max_new_tokens: int, seed: int,
                  top_p: float = 1.0, top_k: int = 0) -> Trajectories:
         """n episodes per prompt; `max_new_tokens` is each sampled turn's limit (rl.max_new_tokens)."""
-        sampler = _TurnSampler(self.rollout, prompts.policy_version, self.layout.tokenizer)
-        limits = EpisodeLimits(max_turns=self.limits.max_turns, max_new_tokens=max_new_tokens,
-                               max_env_tokens=self.limits.max_env_tokens,
-                               max_total_tokens=self.limits.max_total_tokens)
-        rows = [{**cols, **({"answer": a} if a is not None else {})} for cols, a in zip(prompts.columns, prompts.answers)]
+        sampler = _TurnSampler(self.rollout, prompts.policy_version)
+        limits = episode_limits(self.episode, max_new_tokens)
+        rows = [episode_row(cols, a) for cols, a in zip(prompts.columns, prompts.answers)]
         eps = run_episodes(sampler, self.layout, self.environment, rows, prompts.messages, n=n, limits=limits,
                            temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
                            key_prefix=f"v{prompts.policy_version}-s{seed}")
