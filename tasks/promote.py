@@ -39,7 +39,7 @@ def retrain_run_id(kickoff_time: datetime.datetime | None) -> str:
 
 @task(container_image=cpu_image, enable_deck=True)
 def promote(channel: str, model: ArtifactRef, dataset: ArtifactRef, eval: EvalConfig, reward: RewardConfig,
-            min_accuracy: float, tolerance: float, run_id: str) -> Promotion:
+            min_accuracy: float, tolerance: float, run_id: str, require_gain: bool = False) -> Promotion:
     """`dataset` (the run's) becomes the channel's pinned eval set only at its first decision. Deck: the
     decision - verdict, reason, both models' accuracies per set against the bar."""
     from posttrain.artifacts import ArtifactStore
@@ -49,7 +49,8 @@ def promote(channel: str, model: ArtifactRef, dataset: ArtifactRef, eval: EvalCo
     store = ArtifactStore()
     with stage_errors("promote"):
         d = judge(channel=channel, model=model, pin_to=dataset, eval_cfg=eval, reward=reward,
-                  min_accuracy=min_accuracy, tolerance=tolerance, run_id=run_id, store=store)
+                  min_accuracy=min_accuracy, tolerance=tolerance, run_id=run_id, store=store,
+                  require_gain=require_gain)
     Deck("promotion", render_page(store, d.decision_id, standalone=False))
     return Promotion(channel=channel, promoted=d.promoted, model_id=model.id, reason=d.reason,
                      decision_id=d.decision_id)

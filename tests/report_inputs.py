@@ -57,7 +57,9 @@ def eval_report(greedy: float, samples: int = 4) -> EvalReport:
         reward_failures=1, reward_failure_examples=["ValueError: bad"], mean_response_tokens=5.0, seconds=1.5,
         generated_tokens_per_s=40.0,
         samples=[{"prompt": "<b>1+1=</b>" if i == 0 else f"{i}+{i}=", "greedy": f"{2 * i}", "answer": f"{2 * i}",
-                  "score": 1.0, "correct": True, "failure": None} for i in range(samples)])
+                  "score": 1.0, "correct": True, "failure": None} for i in range(samples)],
+        problems=[{"prompt": f"{i}+{i}=", "greedy": "", "answer": f"{2 * i}", "score": 0.0, "failure": None,
+                   "correct": i < round(greedy * samples), "sampled_correct": 2} for i in range(samples)])
 
 
 def _put_eval(store: ArtifactStore, tmp: Path, name: str, model_id: str, dataset_id: str, report: EvalReport) -> str:

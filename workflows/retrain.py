@@ -26,7 +26,8 @@ from tasks.sft import sft
 
 @workflow
 def retrain(recipe: str = "tiny_cpu", overrides: str = "", channel: str = "production", min_accuracy: float = 0.5,
-            tolerance: float = 0.0, kickoff_time: datetime.datetime | None = None) -> Promotion:
+            tolerance: float = 0.0, kickoff_time: datetime.datetime | None = None, require_gain: bool = False
+            ) -> Promotion:
     p = plan(recipe=recipe, overrides=overrides, run_id=retrain_run_id(kickoff_time=kickoff_time))
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     s = start_model(model=p.model, run_id=p.run_id)
@@ -37,4 +38,4 @@ def retrain(recipe: str = "tiny_cpu", overrides: str = "", channel: str = "produ
     r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model, tracking=p.tracking, start_model=m,
            dataset=d.dataset, run_id=p.run_id)
     return promote(channel=channel, model=r, dataset=d.dataset, eval=p.eval, reward=p.reward,
-                   min_accuracy=min_accuracy, tolerance=tolerance, run_id=p.run_id)
+                   min_accuracy=min_accuracy, tolerance=tolerance, run_id=p.run_id, require_gain=require_gain)

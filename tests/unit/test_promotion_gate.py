@@ -64,7 +64,9 @@ def test_promote_then_refuse_on_the_pinned_set_with_the_decisions_in_lineage(wor
     assert {n.manifest.config["model_id"] for n in evals} == {models["good"].id, models["bad"].id}
     assert all(ds["A"].id in n.manifest.parents for n in evals)
     assert store.manifest(second.decision_id).config == {"channel": "production", "min_accuracy": 0.0,
-                                                         "tolerance": 0.05, "eval_dataset_ids": [ds["A"].id]}
+                                                         "tolerance": 0.05, "require_gain": False,
+                                                         "eval_dataset_ids": [ds["A"].id]}
+    assert refused["paired_changes"] == [None]  # no per-problem change given
 
 
 def test_tolerance_and_guard_sets(world):
@@ -105,3 +107,64 @@ def test_unlike_evaluations_are_refused_before_any_decision(world):
         gate(channel="p", model=ds["A"], evals=[], holder_evals=[], min_accuracy=0, tolerance=0, run_id="r",
              store=store)
     assert len(promotion.decisions("p", store)) == 1  # errors decide nothing
+
+
+def _report_eval(store: ArtifactStore, tmp: Path, name: str, model, dataset, correct: list[bool]):
+    """An eval artifact whose report keeps every problem's result (as posttrain.eval writes it)."""
+    from posttrain.eval import EvalReport
+
+    src = tmp / f"src-{name}"
+    src.mkdir()
+    problems = [{"prompt": f"{i}+1=", "answer": str(i + 1), "greedy": "", "score": float(c), "correct": c,
+                 "failure": None, "sampled_correct": None} for i, c in enumerate(correct)]
+    EvalReport(greedy_accuracy=sum(correct) / len(correct), sampled_accuracy=None, pass_at_k=None,
+               num_problems=len(correct), k=0, temperature=1.0, max_new_tokens=8, seed=0, scorer="verifier:addition",
+               mean_response_tokens=3.0, seconds=1.0, generated_tokens_per_s=1.0, problems=problems).write(src)
+    return store.put("eval", name, src, run_id="t", parents=[model.id, dataset.id],
+                     config={**SETTINGS, "model_id": model.id, "dataset_id": dataset.id},
+                     metrics={"greedy_accuracy": sum(correct) / len(correct)})
+
+
+def _change(store: ArtifactStore, candidate, holder) -> list[dict]:
+    """The paired change stages.gate passes the gate (stages.gate._paired)."""
+    from posttrain.stages.gate import _paired
+
+    return [_paired(store, candidate, holder)]
+
+
+def test_require_gain_promotes_only_a_change_whose_paired_interval_lies_above_zero(tmp_path):
+    """Against a holder right on 100 of 200 problems: +0.03 from 10 gains and 4 losses is within noise
+    (refused under require_gain, promoted without it); +0.10 from 22 gains and 2 losses is not. The decision
+    records the paired change either way, and its page shows it."""
+    from posttrain.report import pages
+
+    store = ArtifactStore(tmp_path / "home")
+    data = _put(store, tmp_path, "dataset", "A", [])
+    holder, small, big = (_put(store, tmp_path, "model", n, [data.id]) for n in ("holder", "small", "big"))
+    base = [True] * 100 + [False] * 100
+    flip = lambda gains, losses: [not x if (i >= 100 and i < 100 + gains) or (i < losses) else x
+                                  for i, x in enumerate(base)]
+    set_pin("prod", data, [], store)
+    gate(channel="prod", model=holder, evals=[_report_eval(store, tmp_path, "e-holder", holder, data, base)],
+         holder_evals=[], min_accuracy=0.0, tolerance=0.0, run_id="r", store=store, require_gain=True)
+    ev_holder = store.ref(promotion.current("prod", store)["eval_id"])
+    ev_small = _report_eval(store, tmp_path, "e-small", small, data, flip(10, 4))
+    d = gate(channel="prod", model=small, evals=[ev_small], holder_evals=[ev_holder], min_accuracy=0.0,
+             tolerance=0.0, run_id="r", store=store, require_gain=True, changes=_change(store, ev_small, ev_holder))
+    assert not d.promoted and d.reason.startswith("require_gain: the change over current prod model")
+    assert "+0.030 (95% interval -0.008 to +0.067" in d.reason and "10 gained, 4 lost of 200" in d.reason
+    record = promotion.decisions("prod", store)[0]
+    assert record["paired_changes"][0]["gained"] == 10 and record["paired_changes"][0]["low"] < 0 < record["paired_changes"][0]["high"]
+    assert "Change over the holder, problem by problem" in pages.promotion_page(record)
+    assert gate(channel="prod", model=small, evals=[ev_small], holder_evals=[ev_holder], min_accuracy=0.0,
+                tolerance=0.0, run_id="r", store=store).promoted  # without require_gain: not below the holder
+    set_pin("prod2", data, [], store)
+    gate(channel="prod2", model=holder, evals=[ev_holder], holder_evals=[], min_accuracy=0.0, tolerance=0.0,
+         run_id="r", store=store)
+    ev_big = _report_eval(store, tmp_path, "e-big", big, data, flip(22, 2))
+    d = gate(channel="prod2", model=big, evals=[ev_big], holder_evals=[ev_holder], min_accuracy=0.0, tolerance=0.0,
+             run_id="r", store=store, require_gain=True, changes=_change(store, ev_big, ev_holder))
+    with pytest.raises(PromotionError, match="require_gain needs both evaluations' per-problem results"):
+        gate(channel="prod2", model=small, evals=[ev_small], holder_evals=[store.ref(promotion.current("prod2", store)["eval_id"])],
+             min_accuracy=0.0, tolerance=0.0, run_id="r", store=store, require_gain=True)
+    assert d.promoted and promotion.decisions("prod2", store)[0]["paired_changes"][0]["low"] > 0

@@ -10,7 +10,7 @@
     posttrain [--home ROOT] export ID DIR
     posttrain [--home ROOT] channels [--json]
     posttrain [--home ROOT] promote MODEL CHANNEL [--pin DATASET [--guard DATASET]...] [--recipe R]
-                                   [--overrides JSON] [--min-accuracy X] [--tolerance T] [--json]
+                                   [--overrides JSON] [--min-accuracy X] [--tolerance T] [--require-gain] [--json]
 
 `eval` is `workflows/pipeline.py eval_pipeline` without Flyte: plain Python calling `posttrain.stages`
 (data prep -> start model -> evaluate) in this process, with the same recipe and overrides as the pipeline
@@ -116,7 +116,13 @@ def render_channel(name: str, holder: dict | None, history: list[dict]) -> list[
     head = (f"{name}  model {holder['model_id'][:12]}  eval {holder['eval_id'][:12]}  "
             f"greedy {holder['greedy_accuracy']:.3f}" if holder else f"{name}  (no holder)")
     return [head] + [f"  {d['time']}  {'promoted' if d['promoted'] else 'refused ':<8}  model {d['model_id'][:12]}"
-                     f"  greedy {d['greedy_accuracy']:.3f}  {d['reason']}" for d in history]
+                     f"  greedy {d['greedy_accuracy']:.3f}{_change(d)}  {d['reason']}" for d in history]
+
+
+def _change(decision: dict) -> str:
+    """The paired change over the holder on the pinned set, with its 95% interval ("" when not recorded)."""
+    c = (decision.get("paired_changes") or [None])[0]
+    return f"  change {c['change']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]" if c else ""
 
 
 def run_channels(args: argparse.Namespace, store: ArtifactStore) -> int:
@@ -143,7 +149,7 @@ def run_promote(args: argparse.Namespace, store: ArtifactStore) -> int:
         d = judge(channel=args.channel, model=model, pin_to=store.ref(args.pin) if args.pin else None,
                   explicit_pin=bool(args.pin), guards=tuple(store.ref(g) for g in args.guard), eval_cfg=cfg.eval, reward=cfg.reward,
                   min_accuracy=args.min_accuracy, tolerance=args.tolerance, run_id=args.run_id or new_run_id(),
-                  store=store)
+                  store=store, require_gain=args.require_gain)
     if args.json:
         print(json.dumps({"channel": args.channel, "model_id": model.id, "promoted": d.promoted,
                           "reason": d.reason, "decision_id": d.decision_id}, indent=2))
@@ -219,6 +225,9 @@ def add_own_commands(sub) -> None:
                     help="lowest greedy accuracy on the pinned set to promote (default 0)")
     pr.add_argument("--tolerance", type=float, default=0.0,
                     help="how far below the holder's accuracy the candidate may be on any set (default 0)")
+    pr.add_argument("--require-gain", action="store_true",
+                    help="promote only when the candidate's problem-by-problem change over the holder on the pinned "
+                         "set has a 95%% interval above 0 (a gain that is not noise)")
     pr.add_argument("--run-id", default="", help="run id recorded in the evaluations and the decision")
     pr.add_argument("--json", action="store_true", help="print one JSON object (progress goes to stderr)")
     for p in (ev, ex, ch, pr):

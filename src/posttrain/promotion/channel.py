@@ -9,7 +9,10 @@ A channel ("production") holds one model and pins the problems every candidate i
 The gate compares the candidate and the current holder evaluated on exactly the pinned datasets' eval splits
 with the same settings (same engine, seeds, k, reward - the eval artifacts' configs must match): the candidate
 is promoted only if its greedy accuracy on the pinned set reaches `min_accuracy` and, on the pinned set and
-every guard set, is not below the holder's by more than `tolerance`. Evaluating is the caller's job
+every guard set, is not below the holder's by more than `tolerance`; with `require_gain`, also only if its
+problem-by-problem change over the holder on the pinned set has a 95% interval above 0 (a gain that is not
+noise: posttrain.eval.compare.paired_greedy). Every decision against a holder records that paired change on
+each set. Evaluating is the caller's job
 (posttrain.stages.gate runs both evaluations); `gate` checks the evaluations really are those, decides, and stores
 the decision as a `decision` artifact - decision.json with the time, inputs, thresholds, both sides'
 accuracies and the reason; parents: the candidate model and every evaluation of both models - so the
@@ -131,10 +134,14 @@ def _eval_of(store: ArtifactStore, eval_ref: ArtifactRef, model_id: str, who: st
 
 
 def gate(*, channel: str, model: ArtifactRef, evals: list[ArtifactRef], holder_evals: list[ArtifactRef],
-         min_accuracy: float, tolerance: float, run_id: str, store: ArtifactStore | None = None) -> Decision:
+         min_accuracy: float, tolerance: float, run_id: str, store: ArtifactStore | None = None,
+         require_gain: bool = False, changes: list[dict | None] = ()) -> Decision:
     """Decide on `model` for `channel` from its evaluations on the pinned set and each guard set, in the pin's
     order (`evals`), and the current holder's on the same sets with the same settings (`holder_evals`; empty
-    while the channel holds nothing). Stores the decision; moves the pointer only on a promotion."""
+    while the channel holds nothing). `changes`: per set, the candidate's greedy change over the holder problem
+    by problem - {n, gained, lost, change, low, high, p_value} (posttrain.eval.compare.paired_greedy, which
+    stages.gate computes) or None where the reports keep no problems. Stores the decision; moves the pointer
+    only on a promotion."""
     store = store or ArtifactStore()
     if model.kind != "model":
         raise PromotionError(f"{model.short} is a {model.kind} artifact ({model.name}), not a model")
@@ -151,7 +158,18 @@ def gate(*, channel: str, model: ArtifactRef, evals: list[ArtifactRef], holder_e
     if any(c[1] != cand[0][1] for c in cand) or any(h[1] != cand[0][1] for h in hold):
         raise PromotionError("the candidate's and the holder's evaluations must use the same settings (engine, "
                              "seeds, k, temperature, reward)")
+    paired = list(changes) + [None] * (len(holder_evals) - len(changes))
+    if require_gain and held and paired[0] is None:
+        raise PromotionError(f"require_gain needs both evaluations' per-problem results on the pinned set: eval "
+                             f"{evals[0].short} or {holder_evals[0].short} was written before they were kept "
+                             "(evaluate again)")
     promoted, reason = _judge(channel, [c[2] for c in cand], [h[2] for h in hold], held, min_accuracy, tolerance)
+    if promoted and require_gain and held and paired[0]["low"] <= 0:
+        c = paired[0]
+        promoted, reason = False, (f"require_gain: the change over current {channel} model {held['model_id'][:12]} "
+                                   f"on the pinned set is {c['change']:+.3f} (95% interval {c['low']:+.3f} to "
+                                   f"{c['high']:+.3f}; {c['gained']} gained, {c['lost']} lost of {c['n']}), "
+                                   "an interval that does not lie above 0")
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
     record = {"time": now, "channel": channel, "model_id": model.id, "eval_id": evals[0].id,
               "greedy_accuracy": cand[0][2], "eval_dataset_ids": sets, "eval_ids": [e.id for e in evals],
@@ -159,13 +177,14 @@ def gate(*, channel: str, model: ArtifactRef, evals: list[ArtifactRef], holder_e
                                                    "greedy_accuracy": hold[0][2],
                                                    "greedy_accuracies": [h[2] for h in hold]},
               "greedy_accuracies": [c[2] for c in cand], "min_accuracy": min_accuracy, "tolerance": tolerance,
+              "require_gain": require_gain, "paired_changes": paired,
               "promoted": promoted, "reason": reason}
     with tempfile.TemporaryDirectory(prefix="posttrain-decision-") as tmp:
         (Path(tmp) / "decision.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         ref = store.put("decision", f"{channel}-{'promoted' if promoted else 'refused'}", tmp, run_id=run_id,
                         parents=[model.id, *(e.id for e in evals), *(e.id for e in holder_evals)],
                         config={"channel": channel, "min_accuracy": min_accuracy, "tolerance": tolerance,
-                                "eval_dataset_ids": sets},
+                                "require_gain": require_gain, "eval_dataset_ids": sets},
                         metrics={"promoted": promoted, "greedy_accuracy": cand[0][2],
                                  "holder_greedy_accuracy": hold[0][2] if hold else None})
     if promoted:

@@ -15,10 +15,10 @@ from posttrain.artifacts import ArtifactStore
 from posttrain.artifacts.errors import ArtifactNotFoundError
 from posttrain.artifacts.manifest import Manifest
 from posttrain.data.examples import is_preference, prompt_messages, read_examples
+from posttrain.eval.intervals import wilson
 from posttrain.report import charts
 from posttrain.report.html import key_values, note, page, section, table
 from posttrain.report.pages import _about, _curves, _dropped_section, _no_history, _rows_section
-from posttrain.report.stats import wilson
 
 _COMMON_CURVES = (("lr", "Learning rate", ("lr",)), ("grad-norm", "Gradient norm (before clipping)", ("grad_norm",)),
                   ("tokens-per-s", "Tokens/s", ("tokens_per_s",)))

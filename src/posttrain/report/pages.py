@@ -9,10 +9,11 @@ from pathlib import Path
 from posttrain.artifacts import ArtifactStore
 from posttrain.artifacts.manifest import Manifest
 from posttrain.data.examples import completion_text, prompt_messages, read_examples
+from posttrain.eval.compare import paired_greedy
+from posttrain.eval.intervals import PairedChange, wilson
 from posttrain.eval.report import EvalReport
 from posttrain.report import charts
 from posttrain.report.html import key_values, note, page, section, table
-from posttrain.report.stats import wilson
 
 
 def _about(m: Manifest) -> str:
@@ -183,9 +184,10 @@ def eval_page(store: ArtifactStore, id_: str) -> str:
     r = EvalReport.from_json((store.get(id_) / "report.json").read_text())
     rates = _rates(r)
     start = _start_eval(store, m)
+    start_report = EvalReport.from_json((store.get(start.id) / "report.json").read_text()) if start else None
     series, errors = {"this model": [v for v, _ in rates.values()]}, {"this model": [ci for _, ci in rates.values()]}
-    if start is not None:
-        sr = _rates(EvalReport.from_json((store.get(start.id) / "report.json").read_text()))
+    if start_report is not None:
+        sr = _rates(start_report)
         if sr.keys() == rates.keys():
             series["start model"], errors["start model"] = [v for v, _ in sr.values()], [ci for _, ci in sr.values()]
     scores = section("scores", "Accuracy", note(
@@ -202,9 +204,13 @@ def eval_page(store: ArtifactStore, id_: str) -> str:
                  None if start.metrics.get(key) is None or m.metrics.get(key) is None
                  else f"{m.metrics[key] - start.metrics[key]:+.3f}"]
                 for k, key in (("greedy", "greedy_accuracy"), ("sampled", "sampled_accuracy"), ("pass@k", "pass_at_k"))]
+        paired = paired_greedy(r, start_report)
         parts.append(section("comparison", "Against the start model", note(
             f"The start model's eval {start.id[:12]} on the same dataset."),
-            table(("metric", "start model", "this model", "change"), rows)))
+            table(("metric", "start model", "this model", "change"), rows),
+            note("Greedy change, problem by problem: " + paired.summary() if paired is not None else
+                 "Greedy change, problem by problem: not available (the two evaluations did not keep the same "
+                 "problems' results)")))
     if r.episodes is not None:
         parts.append(_episodes_section(r))
     parts.append(section("samples", "Samples", table(
@@ -254,8 +260,17 @@ def promotion_page(decision: dict) -> str:
                                     ylabel="fraction correct", hline=("min accuracy", decision["min_accuracy"])),
                    key_values({"model": decision["model_id"], "eval": decision["eval_id"],
                                "min accuracy": decision["min_accuracy"], "tolerance": decision["tolerance"],
+                               "require gain": decision.get("require_gain", False),
                                "holder model": holder["model_id"] if holder else None, "time": decision.get("time")}))
-    return page(f"Promotion to {decision['channel']}", [body])
+    changes = [(name, PairedChange(**c)) for name, c in zip(sets, decision.get("paired_changes") or []) if c]
+    parts = [body]
+    if changes:  # decisions against a holder, made since paired changes were recorded
+        parts.append(section("paired", "Change over the holder, problem by problem", note(
+            "Greedy accuracy after - before on the same problems: Newcombe's 95% interval for paired proportions "
+            "and McNemar's exact p-value."), table(
+            ("set", "change", "95% low", "95% high", "gained", "lost", "problems", "McNemar p"),
+            [[name, c.change, c.low, c.high, c.gained, c.lost, c.n, c.p_value] for name, c in changes])))
+    return page(f"Promotion to {decision['channel']}", parts)
 
 
 def artifact_page(m: Manifest) -> str:

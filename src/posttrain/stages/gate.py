@@ -9,16 +9,20 @@ settings on these problems is not evaluated again - the numbers are the same eit
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from posttrain import promotion, stages
 from posttrain.artifacts import ArtifactStore
 from posttrain.artifacts.handles import ArtifactRef
 from posttrain.config import EvalConfig, RewardConfig
+from posttrain.eval.compare import paired_greedy
+from posttrain.eval.report import EvalReport
 
 
 def judge(*, channel: str, model: ArtifactRef, pin_to: ArtifactRef | None, eval_cfg: EvalConfig,
           reward: RewardConfig, min_accuracy: float, tolerance: float, run_id: str,
-          store: ArtifactStore, guards: tuple[ArtifactRef, ...] = (), explicit_pin: bool = False
-          ) -> promotion.Decision:
+          store: ArtifactStore, guards: tuple[ArtifactRef, ...] = (), explicit_pin: bool = False,
+          require_gain: bool = False) -> promotion.Decision:
     """`pin_to` pins the channel's eval set if it has none; `explicit_pin` (the user asked for that pin, e.g.
     `posttrain promote --pin`): a channel pinned to another set is an error rather than ignored."""
     pinned = promotion.pin(channel, store)
@@ -42,8 +46,17 @@ def judge(*, channel: str, model: ArtifactRef, pin_to: ArtifactRef | None, eval_
 
     candidate = evaluations(model)
     holder = evaluations(store.ref(held["model_id"])) if held else []
+    changes = [_paired(store, c, h) for c, h in zip(candidate, holder)]
     d = promotion.gate(channel=channel, model=model, evals=candidate, holder_evals=holder, min_accuracy=min_accuracy,
-                       tolerance=tolerance, run_id=run_id, store=store)
+                       tolerance=tolerance, run_id=run_id, store=store, require_gain=require_gain, changes=changes)
     print(f"promote: {'PROMOTED' if d.promoted else 'REFUSED'} model {model.short} for channel {channel}: {d.reason} "
           f"(decision {d.decision_id[:12]}: posttrain lineage {d.decision_id[:12]})", flush=True)
     return d
+
+
+def _paired(store: ArtifactStore, candidate: ArtifactRef, holder: ArtifactRef) -> dict | None:
+    """The candidate's greedy change over the holder on one set, problem by problem (None: a report that keeps
+    no per-problem results)."""
+    read = [EvalReport.from_json((store.get(e.id) / "report.json").read_text()) for e in (candidate, holder)]
+    change = paired_greedy(*read)
+    return asdict(change) if change is not None else None
