@@ -58,7 +58,23 @@ def run_pipeline(seed: int, recipe: str, extra: dict, home: Path, workflow: str 
 
 
 def run_seed(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "pipeline") -> dict:
-    return run_pipeline(seed, recipe, extra, home, workflow)[0]
+    """The run's accuracies, and the greedy change from the SFT model's eval to the RL model's, problem by
+    problem on the same held-out problems (95% paired interval, McNemar's p: posttrain.eval.compare), read
+    from the two eval reports in the run's store."""
+    row, out = run_pipeline(seed, recipe, extra, home, workflow)
+    ids = dict(re.findall(r"(\w+_eval_id)='([0-9a-f]{64})'", out))
+    if "sft_eval_id" in ids and "rl_eval_id" in ids:
+        from posttrain.artifacts import ArtifactStore
+        from posttrain.eval import EvalReport
+        from posttrain.eval.compare import paired_greedy
+
+        store = ArtifactStore(str(home))
+        sft, rl = (EvalReport.from_json((store.get(ids[k]) / "report.json").read_text())
+                   for k in ("sft_eval_id", "rl_eval_id"))
+        change = paired_greedy(rl, sft)
+        if change is not None:
+            row.update(greedy_low=change.low, greedy_high=change.high, greedy_p=change.p_value)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,11 +116,13 @@ BEGIN, END = "<!-- default_seeds:begin -->", "<!-- default_seeds:end -->"
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], *, workflow: str = "pipeline",
           cached: bool = False) -> str:
     """The README block: one row per seed, the spread of the RL change, and how to reproduce it."""
-    lines = ["| seed | SFT greedy | SFT sampled | RL greedy | RL sampled | change greedy | change sampled | wall |",
+    lines = [("| seed | SFT greedy | SFT sampled | RL greedy | RL sampled | change greedy (95% paired interval) | "
+              "change sampled | wall |"),
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        interval = f" ({r['greedy_low']:+.3f} to {r['greedy_high']:+.3f})" if "greedy_low" in r else ""
         lines.append(f"| {r['seed']} | {r['sft_greedy_accuracy']:.3f} | {r['sft_sampled_accuracy']:.3f} | "
-                     f"{r['rl_greedy_accuracy']:.3f} | {r['rl_sampled_accuracy']:.3f} | {r['d_greedy']:+.3f} | "
+                     f"{r['rl_greedy_accuracy']:.3f} | {r['rl_sampled_accuracy']:.3f} | {r['d_greedy']:+.3f}{interval} | "
                      f"{r['d_sampled']:+.3f} | {r['wall_s'] / 60:.1f} min |")
     spread = []
     for key, label in (("d_greedy", "greedy"), ("d_sampled", "sampled")):
@@ -116,7 +134,10 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], *
             (" with the stages it shares with earlier runs cached in the store" if cached else
              " in a fresh store (every stage) with the install done") +
             ("; `make run` is seed 0" if workflow == "pipeline" and "--recipe" not in argv else ""))
-    lines += ["", (f"RL change over the {len(rows)} seeds: {'; '.join(spread)}. {wall}. Command: "
+    paired = ("The greedy change's interval is paired: the SFT and the RL model answered the same held-out problems "
+              "(Newcombe's interval for paired proportions, posttrain.eval.compare). " if any("greedy_low" in r for r in rows)
+              else "")
+    lines += ["", (f"RL change over the {len(rows)} seeds: {'; '.join(spread)}. {paired}{wall}. Command: "
                    f"`.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load average "
                    f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).")]
     return "\n".join(lines)
