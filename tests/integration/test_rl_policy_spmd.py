@@ -109,7 +109,10 @@ def _assert_same_as_single_process(model_dir: str, batch: TrainBatch, cfg: RLCon
     losses, norms, ref_weights, grad_max = _single_process_update(model_dir, batch, cfg)
     assert stats.policy_version == 1
     assert stats.loss == pytest.approx(losses[0], rel=1e-4, abs=1e-6)  # first epoch: the whole batch's loss
-    assert stats.grad_norm == pytest.approx(norms[-1], rel=1e-4)  # last epoch's all-reduced gradient
+    # last epoch's all-reduced gradient: a sum over tokens that cancels to ~1e-2 of its terms (group-centred
+    # advantages), so two ranks' summation order moves it by ~1e-4 relative (1.5e-4 measured on one CPU's
+    # fixture); 1e-3 still catches a micro-batch or rank weighted wrong (1/12 off for one of 12 micro-batches)
+    assert stats.grad_norm == pytest.approx(norms[-1], rel=1e-3)
     start = load_model(model_dir).state_dict()
     for name, w in ref_weights.items():
         d_ref, d_spmd = w - start[name], spmd_weights[name] - start[name]
