@@ -51,11 +51,16 @@ def test_default_recipe_rl_raises_greedy_and_sampled_accuracy_with_lineage_and_w
     assert acc["rl_greedy_accuracy"] >= acc["sft_greedy_accuracy"] + 0.08, acc
     assert acc["rl_sampled_accuracy"] >= acc["sft_sampled_accuracy"] + 0.03, acc  # still rising at 30 steps
 
-    # Lineage: the RL model names the SFT model and the dataset; the SFT model the dataset and the tokenizer;
-    # each evaluation its model.
+    ids = dict(re.findall(r"(\w+_id)='([0-9a-f]{64})'", out.stdout))
+    _assert_lineage(home, ids)
+    _assert_one_wandb_run_per_stage(home, ids, out.stdout)
+
+
+def _assert_lineage(home: Path, ids: dict[str, str]) -> None:
+    """The RL model names the SFT model and the dataset; the SFT model the dataset and the tokenizer; each
+    evaluation its model."""
     from posttrain.artifacts import ArtifactStore
 
-    ids = dict(re.findall(r"(\w+_id)='([0-9a-f]{64})'", out.stdout))
     store = ArtifactStore(str(home))
     rl_model, sft_model = store.manifest(ids["rl_model_id"]), store.manifest(ids["sft_model_id"])
     assert rl_model.kind == "model" and {ids["sft_model_id"], ids["dataset_id"]} <= set(rl_model.parents)
@@ -65,8 +70,17 @@ def test_default_recipe_rl_raises_greedy_and_sampled_accuracy_with_lineage_and_w
     assert ids["sft_model_id"] in store.manifest(ids["sft_eval_id"]).parents
     assert ids["rl_model_id"] in store.manifest(ids["rl_eval_id"]).parents
 
-    # One offline wandb run per stage, grouped by the run id, each naming its inputs and outputs; the summary
-    # says where they are and how to upload them.
+    # The console command shows the chain RL model -> SFT model -> dataset and tokenizer.
+    lineage = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(home), "lineage",
+                              ids["rl_model_id"][:12]], capture_output=True, check=False, text=True, timeout=60)
+    assert lineage.returncode == 0, lineage.stderr
+    for ident in (ids["rl_model_id"], ids["sft_model_id"], ids["dataset_id"], tok[0]):
+        assert ident[:12] in lineage.stdout, lineage.stdout
+
+
+def _assert_one_wandb_run_per_stage(home: Path, ids: dict[str, str], stdout: str) -> None:
+    """One offline wandb run per stage, grouped by the run id, each naming its inputs and outputs; the summary
+    says where they are and how to upload them."""
     from tests.wandb_log import read_run
 
     folder = home / "wandb" / "e2e" / "wandb"
@@ -80,11 +94,4 @@ def test_default_recipe_rl_raises_greedy_and_sampled_accuracy_with_lineage_and_w
         ids["sft_eval_id"], ids["rl_eval_id"]}
     rl_steps = [h["_step"] for r in runs if r["job_type"] == "rl" for h in r["history"] if "reward_mean" in h]
     assert rl_steps == list(range(1, DEFAULT_RL_STEPS + 1))
-    assert f"wandb:      4 offline runs (one per stage, group e2e) in {folder}" in out.stdout
-
-    # The console command shows the chain RL model -> SFT model -> dataset and tokenizer.
-    lineage = subprocess.run([sys.executable, "-m", "posttrain.cli.store", "--home", str(home), "lineage",
-                              ids["rl_model_id"][:12]], capture_output=True, check=False, text=True, timeout=60)
-    assert lineage.returncode == 0, lineage.stderr
-    for ident in (ids["rl_model_id"], ids["sft_model_id"], ids["dataset_id"], tok[0]):
-        assert ident[:12] in lineage.stdout, lineage.stdout
+    assert f"wandb:      4 offline runs (one per stage, group e2e) in {folder}" in stdout
