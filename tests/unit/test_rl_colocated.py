@@ -108,10 +108,10 @@ def test_with_lora_the_policy_generates_through_its_adapters_and_learns(folders,
      "must be >= 0"),
 ])
 def test_settings_the_policy_cannot_generate_with_are_refused(overrides, field, message, monkeypatch):
-    from posttrain.config import ConfigError, checks
+    from posttrain.config import ConfigError, check_base
     from posttrain.recipes import resolve
 
-    monkeypatch.setattr(checks, "vllm_installed", lambda: True)  # the refusal is not about the install
+    monkeypatch.setattr(check_base, "vllm_installed", lambda: True)  # the refusal is not about the install
     with pytest.raises(ConfigError, match=field) as e:
         resolve("tiny_cpu", overrides)
     assert message in str(e.value)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from posttrain.config import ConfigError, RolloutBackend, checks
+from posttrain.config import ConfigError, RolloutBackend, check_base
 from posttrain.recipes import resolve
 
 VLLM = '{"rl": {"rollout_backend": "vllm"}}'
@@ -17,14 +17,14 @@ EVAL_VLLM = '{"eval": {"backend": "vllm"}}'
 
 @pytest.mark.parametrize("overrides,field", [(VLLM, "rl.rollout_backend"), (EVAL_VLLM, "eval.backend")])
 def test_vllm_backend_without_vllm_is_refused_with_the_install_command(monkeypatch, overrides, field):
-    monkeypatch.setattr(checks, "vllm_installed", lambda: False)
+    monkeypatch.setattr(check_base, "vllm_installed", lambda: False)
     with pytest.raises(ConfigError, match=rf"{field}: 'vllm' needs vLLM.*`make install-vllm`"):
         resolve("tiny_cpu", overrides)
     assert resolve("tiny_cpu").rl.rollout_backend is RolloutBackend.TRANSFORMERS  # the default needs nothing
 
 
 def test_vllm_backend_with_vllm_is_accepted(monkeypatch):
-    monkeypatch.setattr(checks, "vllm_installed", lambda: True)
+    monkeypatch.setattr(check_base, "vllm_installed", lambda: True)
     assert resolve("tiny_cpu", VLLM).rl.rollout_backend is RolloutBackend.VLLM
     assert resolve("tiny_cpu", EVAL_VLLM).eval.backend is RolloutBackend.VLLM
 
@@ -35,7 +35,7 @@ def test_the_check_looks_at_this_environment():
         importable = True
     except ImportError:
         importable = False
-    assert checks.vllm_installed() is importable
+    assert check_base.vllm_installed() is importable
 
 
 def test_transformers_rollout_does_not_import_vllm():

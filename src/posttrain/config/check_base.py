@@ -19,7 +19,7 @@ def check(ok: bool, field_path: str, message: str) -> None:
 
 
 def vllm_installed() -> bool:
-    """Whether `import vllm` would find a package: looked up, not imported (importing it takes seconds).
+    """Looked up through this module by every check (tests replace it here). Whether `import vllm` would find a package: looked up, not imported (importing it takes seconds).
     Every local task runs in the Python that validates the config, so this is where the run would need it."""
     return importlib.util.find_spec("vllm") is not None
 

@@ -3,6 +3,7 @@ allowed. One function per config section; cross-section rules live with the sect
 
 from __future__ import annotations
 
+from posttrain.config import check_base
 from posttrain.config.check_base import NO_VLLM as _NO_VLLM
 from posttrain.config.check_base import VLLM_INSTALL_COMMAND, vllm_installed  # noqa: F401 - re-exported
 from posttrain.config.check_base import check as _check
@@ -173,7 +174,7 @@ def _check_pairs(p: PairsConfig, m: ModelConfig) -> None:
     _check(p.max_prompts >= 0, "pairs.max_prompts", "must be >= 0 (0: every train prompt)")
     _check(p.eval_prompts >= 0, "pairs.eval_prompts", "must be >= 0 (0: every eval prompt)")
     _check(p.batch_size >= 1, "pairs.batch_size", "must be >= 1")
-    _check(p.backend != RolloutBackend.VLLM or vllm_installed(), "pairs.backend", _NO_VLLM)
+    _check(p.backend != RolloutBackend.VLLM or check_base.vllm_installed(), "pairs.backend", _NO_VLLM)
 
 
 def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
@@ -186,7 +187,7 @@ def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
     _check(e.max_new_tokens < m.max_seq_len, "eval.max_new_tokens",
            f"must be < model.max_seq_len = {m.max_seq_len} (prompt and completion share it)")
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
-    _check(e.backend != RolloutBackend.VLLM or vllm_installed(), "eval.backend", _NO_VLLM)
+    _check(e.backend != RolloutBackend.VLLM or check_base.vllm_installed(), "eval.backend", _NO_VLLM)
     _check_episode_settings("eval", e.environment, e.tools, e.episode, e.max_new_tokens, m)
     _check(e.backend == RolloutBackend.TRANSFORMERS or not (e.environment or e.tools), "eval.backend",
            "must be 'transformers' with eval.environment or eval.tools: episodes are evaluated on the transformers "

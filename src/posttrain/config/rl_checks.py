@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 
+from posttrain.config import check_base
 from posttrain.config.algorithms import DECLARED, Algorithm, declared, read_by
 from posttrain.config.check_base import NO_VLLM as _NO_VLLM
 from posttrain.config.check_base import check as _check
 from posttrain.config.check_base import is_import_path as _is_import_path
-from posttrain.config.check_base import vllm_installed
 from posttrain.config.enums import MismatchCorrection, Parallelism, PlacementMode, RolloutBackend
 from posttrain.config.sections import EpisodeConfig, ModelConfig, PlacementConfig, RewardConfig, RLConfig
 
@@ -79,7 +79,7 @@ def _check_rl(r: RLConfig, m: ModelConfig) -> None:
     _check(r.remote_timeout_s > 0, "rl.remote_timeout_s", "must be > 0")
     _check(r.step_timeout_s > 0, "rl.step_timeout_s", "must be > 0")
     _check(r.max_restarts >= 0, "rl.max_restarts", "must be >= 0")
-    _check(r.rollout_backend != RolloutBackend.VLLM or vllm_installed(), "rl.rollout_backend", _NO_VLLM)
+    _check(r.rollout_backend != RolloutBackend.VLLM or check_base.vllm_installed(), "rl.rollout_backend", _NO_VLLM)
     _check_rl_algorithm(r)
 
 
