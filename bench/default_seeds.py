@@ -5,6 +5,8 @@
     .venv/bin/python bench/default_seeds.py --write-readme      # also rewrite the README's table with this run
     .venv/bin/python bench/default_seeds.py --recipe tiny_cpu_ppo --block ppo_seeds --write-readme   # PPO's table
     .venv/bin/python bench/default_seeds.py --workflow rlhf_pipeline --recipe tiny_cpu_rlhf --block rlhf_seeds
+    .venv/bin/python bench/default_seeds.py --workflow agent_pipeline --recipe tiny_calculator --without-environment \
+        --block calculator_seeds --write-readme                  # agentic RL: the calculator's table (docs/rl.md)
 
 `--write-readme` replaces the block between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` (`--block`,
 default `default_seeds`, in README.md; the others in the docs page that holds them: `write_block`) with this run's table, spread, command, commit and load average (the README figures are never typed by hand).
@@ -57,12 +59,29 @@ def run_pipeline(seed: int, recipe: str, extra: dict, home: Path, workflow: str 
     return {"seed": seed, "wall_s": wall, **acc}, out.stdout
 
 
-def run_seed(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "pipeline") -> dict:
+def greedy_alone(seed: int, recipe: str, extra: dict, home: Path, model_id: str) -> float:
+    """The held-out greedy accuracy of model `model_id` evaluated WITHOUT the recipe's environment (one answer
+    per problem, no tool to call), in the run's store (`eval_pipeline`; the data stage is cached)."""
+    from posttrain.config import EpisodeConfig, to_dict
+
+    plain = {"eval": {"environment": "", "tools": [], "episode": to_dict(EpisodeConfig())},
+             "model": {"artifact": model_id}}
+    for section, fields in plain.items():
+        extra = {**extra, section: {**extra.get(section, {}), **fields}}
+    _, out = run_pipeline(seed, recipe, extra, home, "eval_pipeline", what="evaluated without the environment")
+    return float(re.search(r"eval \w+ of model \w+: greedy ([0-9.]+)", out)[1])
+
+
+def run_seed(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "pipeline",
+             without_environment: bool = False) -> dict:
     """The run's accuracies, and the greedy change from the SFT model's eval to the RL model's, problem by
     problem on the same held-out problems (95% paired interval, McNemar's p: posttrain.eval.compare), read
-    from the two eval reports in the run's store."""
+    from the two eval reports in the run's store; with `without_environment`, also the RL model's greedy
+    accuracy answering alone (`greedy_alone`)."""
     row, out = run_pipeline(seed, recipe, extra, home, workflow)
     ids = dict(re.findall(r"(\w+_eval_id)='([0-9a-f]{64})'", out))
+    if without_environment:
+        row["rl_greedy_alone"] = greedy_alone(seed, recipe, extra, home, re.search(r"rl_model_id='(\w+)'", out)[1])
     if "sft_eval_id" in ids and "rl_eval_id" in ids:
         from posttrain.artifacts import ArtifactStore
         from posttrain.eval import EvalReport
@@ -86,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                     "'{seed}' in it is replaced by the seed, e.g. /data/stores/seed{seed}")
     ap.add_argument("--workflow", default="pipeline", help="pipeline (default) or rlhf_pipeline: any workflow "
                     "whose summary has SFT and RL accuracies")
+    ap.add_argument("--without-environment", action="store_true", help="also evaluate the RL model without "
+                    "the recipe's environment (agent_pipeline: what the task needs the tool for)")
     ap.add_argument("--write-readme", action="store_true", help="replace the README's seed table with this run's")
     ap.add_argument("--block", default="default_seeds", help="the README block to replace (default_seeds, ppo_seeds)")
     args = ap.parse_args(argv)
@@ -94,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in args.seeds:
         with tempfile.TemporaryDirectory(prefix=f"posttrain-seed{s}-") as tmp:
             row = run_seed(s, args.recipe, extra, Path(args.home.format(seed=s)) if args.home else Path(tmp),
-                           args.workflow)
+                           args.workflow, args.without_environment)
         row["d_greedy"] = row["rl_greedy_accuracy"] - row["sft_greedy_accuracy"]
         row["d_sampled"] = row["rl_sampled_accuracy"] - row["sft_sampled_accuracy"]
         rows.append(row)
@@ -116,14 +137,16 @@ BEGIN, END = "<!-- default_seeds:begin -->", "<!-- default_seeds:end -->"
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], *, workflow: str = "pipeline",
           cached: bool = False) -> str:
     """The README block: one row per seed, the spread of the RL change, and how to reproduce it."""
+    alone = all("rl_greedy_alone" in r for r in rows)
     lines = [("| seed | SFT greedy | SFT sampled | RL greedy | RL sampled | change greedy (95% paired interval) | "
-              "change sampled | wall |"),
-             "|---|---|---|---|---|---|---|---|"]
+              "change sampled |" + (" RL greedy without the tool |" if alone else "") + " wall |"),
+             "|---|---|---|---|---|---|---|" + ("---|" if alone else "") + "---|"]
     for r in rows:
         interval = f" ({r['greedy_low']:+.3f} to {r['greedy_high']:+.3f})" if "greedy_low" in r else ""
         lines.append(f"| {r['seed']} | {r['sft_greedy_accuracy']:.3f} | {r['sft_sampled_accuracy']:.3f} | "
                      f"{r['rl_greedy_accuracy']:.3f} | {r['rl_sampled_accuracy']:.3f} | {r['d_greedy']:+.3f}{interval} | "
-                     f"{r['d_sampled']:+.3f} | {r['wall_s'] / 60:.1f} min |")
+                     f"{r['d_sampled']:+.3f} |" + (f" {r['rl_greedy_alone']:.3f} |" if alone else "")
+                     + f" {r['wall_s'] / 60:.1f} min |")
     spread = []
     for key, label in (("d_greedy", "greedy"), ("d_sampled", "sampled")):
         v = [r[key] for r in rows]

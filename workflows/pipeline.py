@@ -28,6 +28,12 @@ re-runs only DPO and its evaluation):
     pyflyte run workflows/pipeline.py rlhf_pipeline                     # tiny_cpu_rlhf: the reward model is the reward
     pyflyte run workflows/pipeline.py distill_pipeline --overrides '{"distill": {"teacher": "channel:production"}}'
 
+Agentic RL (multi-turn episodes with tools, in an environment; posttrain.envs):
+
+    plan ─► data_prep ─► sft (demonstrated episodes) ─► evaluate (in the environment) ─► rl (episodes) ─► evaluate
+
+    pyflyte run workflows/pipeline.py agent_pipeline                    # tiny_calculator: when to call a calculator
+
 With preference data (data.schema "preference") the data are the pairs: no sampling, and SFT (when enabled)
 trains on the chosen completions.
 """
@@ -161,6 +167,23 @@ def rlhf_pipeline(recipe: str = "tiny_cpu_rlhf", overrides: str = "", run_id: st
     evaluate_reward_model(reward_model=rm, pairs=pairs, run_id=p.run_id)
     r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model, tracking=p.tracking, start_model=m,
            dataset=d.dataset, run_id=p.run_id, reward_model=rm)
+    e2 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=r, dataset=d.dataset, run_id=p.run_id)
+    return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e1.report, rl_model=r,
+                     rl_eval=e2.report)
+
+
+@workflow
+def agent_pipeline(recipe: str = "tiny_calculator", overrides: str = "", run_id: str = "") -> Summary:
+    """Agentic RL: data -> SFT on the demonstrations (whole episodes: tool calls, results, answers) -> evaluation
+    in the environment -> RL in the environment (rl.environment / rl.tools: multi-turn, token-exact episodes) ->
+    evaluation in the environment. The default, tiny_calculator, teaches the embedded tiny model when to call
+    a calculator; the plan refuses a recipe without an environment for RL or for the evaluation."""
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="agent_pipeline")
+    d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
+    m = _sft_or_start(p, d)
+    e1 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset, run_id=p.run_id)
+    r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model, tracking=p.tracking, start_model=m,
+           dataset=d.dataset, run_id=p.run_id)
     e2 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=r, dataset=d.dataset, run_id=p.run_id)
     return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e1.report, rl_model=r,
                      rl_eval=e2.report)

@@ -18,6 +18,7 @@ from posttrain.config import (
     DistillConfig,
     DPOConfig,
     DType,
+    EpisodeConfig,
     EvalConfig,
     LoraConfig,
     ModelConfig,
@@ -34,6 +35,7 @@ from posttrain.config import (
 from posttrain.config.algorithm_defaults import apply_algorithm_defaults, describe_taken, explicit_settings
 from posttrain.config.checks import DENSE
 from posttrain.config.serialize import parse_overrides
+from posttrain.envs.tasks import CALCULATOR
 from posttrain.models.smollm2 import default_dir as smollm2_default_dir
 
 
@@ -118,6 +120,28 @@ def tiny_chain() -> PipelineConfig:
     return replace(base, name="tiny_chain", data=replace(base.data, task="chain", chain_steps=3, demo_error_rate=0.0),
                    model=replace(base.model, max_seq_len=48),
                    eval=replace(base.eval, max_new_tokens=24), rl=replace(base.rl, max_new_tokens=24))
+
+
+def tiny_calculator() -> PipelineConfig:
+    """agent_pipeline's default: the embedded tiny model learns WHEN to use a tool. The `calculator` task
+    (posttrain.envs.tasks) asks for 3-digit x 3-digit products, which a 0.6M-parameter model cannot compute,
+    with the Calculator environment's `calculate` tool. The sloppy teacher (`data.demo_error_rate` 0.6) answers
+    60% of the problems whose first factor starts with 5-9 in its head, with a wrong estimate, instead of
+    calling the tool; SFT imitates it (those problems' greedy answers are guesses), and RL in the environment,
+    rewarded by the verifier on the episode's final answer, teaches the policy to call the tool there too.
+
+    The tokenizer merges across words (`data.tokenizer.split_words` false): the tools block every episode
+    opens with and the fixed parts of a call become a few tokens, 60 per demonstration instead of 235."""
+    base = tiny_cpu()
+    episode = EpisodeConfig(max_turns=3, max_env_tokens=16, max_total_tokens=64)
+    return replace(
+        base, name="tiny_calculator",
+        data=replace(base.data, task="calculator", num_digits=3, demo_error_rate=0.6,
+                     tokenizer=TokenizerConfig(vocab_size=768, split_words=False)),
+        model=replace(base.model, max_seq_len=96),
+        sft=replace(base.sft, steps=1000, save_every=250),
+        eval=replace(base.eval, max_new_tokens=16, environment=CALCULATOR, episode=episode),
+        rl=replace(base.rl, max_new_tokens=16, prompts_per_step=64, environment=CALCULATOR, episode=episode))
 
 
 def gpu_single() -> PipelineConfig:
@@ -233,6 +257,7 @@ RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny_cpu_rlhf": tiny_cpu_rlhf,
     "tiny_cpu_long": tiny_cpu_long,
     "tiny_chain": tiny_chain,
+    "tiny_calculator": tiny_calculator,
     "gpu_single": gpu_single,
     "small_instruct_cpu": small_instruct_cpu,
     "small_instruct_lora_cpu": small_instruct_lora_cpu,
@@ -244,6 +269,7 @@ WORKFLOW_SECTIONS: dict[str, tuple[str, ...]] = {
     "reward_model_pipeline": ("pairs", "reward_model"),
     "distill_pipeline": ("distill",),
     "rlhf_pipeline": ("pairs", "reward_model", "rlhf"),
+    "agent_pipeline": ("agent",),
 }
 """The dense sections each workflow uses beyond data/model/sft/eval/rl (validated only there); others: none."""
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from posttrain.config import EpisodeConfig, PlacementConfig, RewardConfig, RLConfig
+from posttrain.data.chat import encode_prompt
 from posttrain.rl.metrics import episode_metrics
 from posttrain.rl.remote import LocalActor
 from posttrain.rl.roles import composed, registry
@@ -80,4 +81,5 @@ def test_the_environment_role_scores_its_episodes_and_names_its_code(roles):
     scores = env.score(traj)
     assert scores.names == ["env"] and scores.sources == [GAME] and env.weighted(scores) == traj.env_rewards
     assert set(env.identity) == {GAME} and len(env.identity[GAME]) == 64  # the game's source sha256, for lineage
-    assert rollout.prompt_room == EPISODE.max_total_tokens  # the game has no tools: no tools turn
+    q = [{"role": "user", "content": "12+34="}]  # the game has no tools: an episode opens on the plain prompt
+    assert rollout.prompt_ids(q) == encode_prompt(rollout.layout.tokenizer, q)

@@ -23,6 +23,7 @@ from posttrain.config.rl_checks import (
     _check_rl,
 )
 from posttrain.config.sections import (
+    BUILTIN_TASKS,
     DataConfig,
     EvalConfig,
     ModelConfig,
@@ -39,7 +40,8 @@ those named; the others are left alone, so e.g. a 4-rank SFT run need not also f
 
 def validate(cfg: PipelineConfig, sections: tuple[str, ...] = DENSE) -> PipelineConfig:
     """Reject invalid values and combinations; returns `cfg` unchanged when it is valid. `sections`: which of
-    DENSE the run uses (default: all of them)."""
+    DENSE the run uses (default: all of them), and "agent" for agent_pipeline (RL and evaluation must each
+    name an environment or tools)."""
     _check_data(cfg.data)
     _check_model(cfg.model, cfg.data)
     _check_sft(cfg.sft, cfg.model)
@@ -59,12 +61,17 @@ def validate(cfg: PipelineConfig, sections: tuple[str, ...] = DENSE) -> Pipeline
     _check_reward(cfg.reward, trained_model="rlhf" in sections, environment=bool(cfg.rl.environment))
     _check_placement(cfg.placement, cfg.rl)
     _check_episodes(cfg.rl, cfg.model, cfg.placement)
+    if "agent" in sections:  # agent_pipeline: RL and both evaluations play in an environment
+        for name, section in (("rl", cfg.rl), ("eval", cfg.eval)):
+            _check(bool(section.environment or section.tools), f"{name}.environment",
+                   f"agent_pipeline trains and evaluates in an environment: set {name}.environment (or "
+                   f"{name}.tools), e.g. \"posttrain.envs.builtin:Calculator\" as the tiny_calculator recipe does")
     _check_tracking(cfg.tracking)
     return cfg
 
 
 def _check_data(d: DataConfig) -> None:
-    _check(d.task in ("", "addition", "chain"), "data.task", f"{d.task!r} is not one of 'addition', 'chain', ''")
+    _check(d.task in ("", *BUILTIN_TASKS), "data.task", f"{d.task!r} is not one of {['', *BUILTIN_TASKS]}")
     _check(bool(d.task) != bool(d.files), "data.files",
            "give either a built-in data.task or data.files (set data.task to \"\" to use files)")
     _check(d.num_examples >= 2, "data.num_examples", "must be >= 2")
@@ -82,8 +89,8 @@ def _check_data(d: DataConfig) -> None:
                f"'preference' with a built-in task: only 'addition' comes as pairs, not {d.task!r}")
         _check(d.schema != DataSchema.PREFERENCE or d.demo_error_rate == 0, "data.demo_error_rate",
                "the 'addition' pairs already set the correct sum against the sloppy one: set it to 0")
-    _check(d.demo_error_rate == 0 or d.task == "addition", "data.demo_error_rate",
-           "only the built-in addition task has sloppy demonstrations (data.task=\"addition\")")
+    _check(d.demo_error_rate == 0 or d.task in ("addition", "calculator"), "data.demo_error_rate",
+           "only the built-in addition and calculator tasks have sloppy demonstrations")
     _check(d.max_prompt_chars >= 1, "data.max_prompt_chars", "must be >= 1")
     _check(d.tokenizer.vocab_size >= 260, "data.tokenizer.vocab_size", "must be >= 260 (256 bytes + specials)")
     if d.task:

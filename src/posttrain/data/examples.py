@@ -87,6 +87,15 @@ def prompt_messages(example: dict) -> list[dict]:
     return msgs[:-1] if msgs and msgs[-1]["role"] == "assistant" else list(msgs)
 
 
+def episode_prompt(example: dict) -> list[dict]:
+    """The turns before the first assistant turn: an episode's prompt (the environment and the policy play the
+    rest). For a single-turn example it is `prompt_messages`; a multi-turn demonstration (tool calls and their
+    results) is a whole episode, and only its opening turns are the question."""
+    msgs = example["messages"]
+    first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))
+    return list(msgs[:first])
+
+
 def completion_text(example: dict) -> str | None:
     msgs = example["messages"]
     return msgs[-1]["content"] if msgs and msgs[-1]["role"] == "assistant" else None

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from posttrain.config import DataConfig, DataSchema
 from posttrain.data import synthetic
-from posttrain.data.examples import dumps, is_preference, prompt_messages, write_dataset
+from posttrain.data.examples import dumps, episode_prompt, is_preference, prompt_messages, write_dataset
 from posttrain.data.loaders import iter_rows
 from posttrain.data.validation import DataValidationError, Problems, to_example
 
@@ -67,6 +68,8 @@ _REPORT_ONLY = ("rows_per_file", "dropped_sample")
 info.json is part of the dataset's content (its artifact id); stages.data_prep puts them in the manifest."""
 DROPPED_SAMPLE = 5
 _SOURCE = "_source"
+TaskMakers = dict[str, Callable[[DataConfig], list[dict]]]
+"""Built-in tasks by name: each makes its examples from the data settings."""
 """Key of the (file, location) tag a row carries while it is prepared; removed before anything is written."""
 
 
@@ -109,14 +112,20 @@ def _load_files(files: list[str], setting: str, cfg: DataConfig, problems: Probl
     return out
 
 
-def load_examples(cfg: DataConfig, *, require_completions: bool) -> tuple[list[dict], list[dict] | None]:
+def load_examples(cfg: DataConfig, *, require_completions: bool, tasks: TaskMakers | None = None
+                  ) -> tuple[list[dict], list[dict] | None]:
     """(train examples, eval examples or None without `data.eval_files`), validated, in source order. Each
-    carries a `_SOURCE` tag (file, location) until `_untagged` removes it.
+    carries a `_SOURCE` tag (file, location) until `_untagged` removes it. `tasks`: built-in tasks beyond
+    this package's own (the data stage passes those played in an environment, posttrain.envs.tasks).
 
     Raises DataValidationError listing every problem of every file."""
     if cfg.task:
-        tasks = synthetic.PAIR_TASKS if cfg.schema == DataSchema.PREFERENCE else synthetic.TASKS
-        examples = [{**ex, "columns": ex.get("columns", {})} for ex in tasks[cfg.task](cfg)]
+        makers = {**synthetic.TASKS, **(tasks or {})}
+        if cfg.task not in makers:
+            raise DataValidationError([(f"data.task: {cfg.task!r} is not made here (the built-in tasks made are "
+                                        f"{sorted(makers)}); run it through the data stage")])
+        make = (synthetic.PAIR_TASKS if cfg.schema == DataSchema.PREFERENCE else makers)[cfg.task]
+        examples = [{**ex, "columns": ex.get("columns", {})} for ex in make(cfg)]
         source = f"task:{cfg.task}"
         return [{**with_system_prompt(ex, cfg.system_prompt), _SOURCE: (source, f"{source} row {i}")}
                 for i, ex in enumerate(examples, start=1)], None
@@ -196,16 +205,20 @@ def _row_report(loaded: list[dict], unique: list[dict], train: list[dict], held:
     return list(per_file.values()), dropped
 
 
-def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions: bool = True) -> DatasetInfo:
+def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions: bool = True,
+                    tasks: TaskMakers | None = None) -> DatasetInfo:
     """Validate, de-duplicate and split the data into `out_dir`; nothing is written when anything is wrong.
 
     `require_completions`: SFT will train on the train split, so every train row must end with an assistant
     turn (prompt-only data is refused, naming the file and line). Pass `sft.enabled`. The default is the
-    stricter choice; it changes nothing for the built-in tasks, whose rows all have completions."""
+    stricter choice; it changes nothing for the built-in tasks, whose rows all have completions. `tasks`: as
+    `load_examples`'s; the held-out rows of a task from `tasks` - played in an environment - are its problems,
+    the turns before the demonstration's first assistant turn and the answer: a held-out row that kept the
+    demonstration would hand a model evaluated without the environment the tool's result in its prompt."""
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"dataset output folder {out_dir} is not empty")
-    examples, held = load_examples(cfg, require_completions=require_completions)
+    examples, held = load_examples(cfg, require_completions=require_completions, tasks=tasks)
     loaded, n_before = examples, len(examples)
     if cfg.dedupe:
         examples = _dedupe(examples)
@@ -221,6 +234,8 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
         eval_ex, train_ex = held, [examples[i] for i in order]
     else:
         eval_ex, train_ex, dropped_for_eval = _hold_out(examples, order, cfg.eval_size, where)
+    if cfg.task in (tasks or {}):  # played in an environment: a held-out row is the problem, not the episode
+        eval_ex = [{**ex, "messages": episode_prompt(ex)} for ex in eval_ex]
     train_prompts = {dumps(prompt_messages(ex)) for ex in train_ex}
     in_train = sum(dumps(prompt_messages(ex)) in train_prompts for ex in eval_ex)
     if held is not None or in_train:

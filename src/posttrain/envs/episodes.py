@@ -223,8 +223,9 @@ class EpisodeLayout:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prompt_ids(self, messages: list[dict], specs: list[ToolSpec], first_observation: str | None) -> list[int]:
-        """The episode's first context: tools in a system turn (merged into the row's own system turn), the
-        environment's first observation appended to the last user turn."""
+        """The episode's first context: tools in a system turn (merged into the row's own system turn, unless
+        that turn already shows exactly these tools - a demonstration written as episodes render them, as the
+        built-in tasks' are), the environment's first observation appended to the last user turn."""
         msgs = [dict(m) for m in messages]
         if first_observation:
             last = max(i for i, m in enumerate(msgs) if m["role"] == "user")
@@ -232,7 +233,8 @@ class EpisodeLayout:
         if specs:
             block = tools_block(specs)
             if msgs and msgs[0]["role"] == "system":
-                msgs[0]["content"] = f"{msgs[0]['content']}\n\n{block}"
+                if not msgs[0]["content"].endswith(block):
+                    msgs[0]["content"] = f"{msgs[0]['content']}\n\n{block}"
             else:
                 msgs.insert(0, {"role": "system", "content": block})
         return self.encode(_render(self.tokenizer, msgs, gen=True))

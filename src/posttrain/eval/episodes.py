@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from posttrain.config import EvalConfig
-from posttrain.data.examples import prompt_messages
+from posttrain.data.examples import episode_prompt
 from posttrain.envs.episodes import Episode, LocalEnv, run_episodes
 from posttrain.envs.plan import checked_layout, episode_limits, episode_process, episode_row
 from posttrain.models.generate import Generation, generate
@@ -43,7 +43,7 @@ def run_eval_episodes(model_dir: str | Path, tok, cfg: EvalConfig, problems: lis
     sampler = _Sampler(model_dir, tok, cfg.batch_size, device)
     limits = episode_limits(cfg.episode, cfg.max_new_tokens)
     rows = [episode_row(ex.get("columns"), ex.get("answer")) for ex in problems]
-    messages = [prompt_messages(ex) for ex in problems]
+    messages = [episode_prompt(ex) for ex in problems]
     process = episode_process(cfg)  # a bad import path or an undocumented tool fails here, before generating
     try:
         env = LocalEnv(process)

@@ -1,6 +1,7 @@
 """A byte-level BPE tokenizer trained on the data with `tokenizers`, saved in HF format.
 
-Digits are split one per token before BPE (so numbers are never merged into multi-digit tokens); special
+Digits are split one per token before BPE (so numbers are never merged into multi-digit tokens), and text at
+word boundaries (GPT-2's regex) unless `split_words` is False; special
 tokens `<|pad|>`, `<|end|>` (eos), `<|system|>`, `<|user|>`, `<|assistant|>`; a ChatML-like chat template that
 renders every turn as `<|role|>` newline content `<|end|>` newline, and the generation prompt as `<|assistant|>`
 newline. (Measured: with the tighter `<|user|>Q<|assistant|>A<|end|>` layout a tiny model trained on addition
@@ -34,11 +35,13 @@ def tokenizer_training_texts(dataset_dir: str | Path) -> Iterator[str]:
             yield m["content"]
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path, *,
+                    split_words: bool = True) -> PreTrainedTokenizerFast:
+    """`split_words` False lets merges cross word boundaries (data.tokenizer.split_words)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words),
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,

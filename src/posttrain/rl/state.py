@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.artifacts.state import StateDir, write_atomic
 from posttrain.config import RewardConfig
 from posttrain.data.chat import encode_prompt
-from posttrain.data.examples import prompt_messages
+from posttrain.data.examples import episode_prompt, prompt_messages
 from posttrain.rl.metrics import StepMetrics
 from posttrain.rl.roles.registry import training_roles
 from posttrain.rl.types import ModelPut, PromptBatch
@@ -61,8 +61,13 @@ class PromptSampler:
     """
 
     def __init__(self, examples: list[dict], tokenizer, *, prompts_per_step: int, seed: int,
-                 max_prompt_len: int | None = None):
-        encoded = [(i, encode_prompt(tokenizer, prompt_messages(ex))) for i, ex in enumerate(examples)]
+                 max_prompt_len: int | None = None, episode_ids: Callable[[list[dict]], list[int]] | None = None):
+        """`episode_ids`: for episodes, what a row's prompt turns open an episode with (the tools' system turn
+        included); an episode's prompt is then the turns before the row's first assistant turn (a multi-turn
+        demonstration is a whole episode), else every turn before its last."""
+        self._prompt = episode_prompt if episode_ids else prompt_messages
+        encode = episode_ids or (lambda messages: encode_prompt(tokenizer, messages))
+        encoded = [(i, encode(self._prompt(ex))) for i, ex in enumerate(examples)]
         if max_prompt_len is not None:  # leave room for the response within the model's max_seq_len
             kept = [(i, p) for i, p in encoded if len(p) <= max_prompt_len]
             if len(kept) < len(encoded):
@@ -90,7 +95,7 @@ class PromptSampler:
         rows = [self.examples[i] for i in ids]
         return PromptBatch(policy_version=policy_version, example_ids=ids, prompt_ids=[self._encoded[i] for i in ids],
                            answers=[ex.get("answer") for ex in rows], tasks=[ex.get("task") for ex in rows],
-                           messages=[prompt_messages(ex) for ex in rows],
+                           messages=[self._prompt(ex) for ex in rows],
                            columns=[ex.get("columns") or {} for ex in rows])
 
     def column_names(self) -> list[str]:

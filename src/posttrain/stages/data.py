@@ -24,11 +24,12 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
 
     `require_completions` (pass `sft.enabled`): every train row must end with an assistant turn."""
     from posttrain.data.prepare import prepare_dataset, source_fingerprint
+    from posttrain.envs.tasks import TASKS as ENV_TASKS
     from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 
     store = store or ArtifactStore()
     key = store.cache_key("data_prep", to_dict(cfg), source_fingerprint(cfg), require_completions,
-                          source_digest("data", "models/tokenizer.py"))
+                          source_digest("data", "models/tokenizer.py", *(("envs",) if cfg.task in ENV_TASKS else ())))
     ds_ref = store.cache_get(key + "-dataset")
     tok_ref = store.cache_get(key + "-tokenizer") if cfg.tokenizer.train else None
     if ds_ref is not None and (tok_ref is not None or not cfg.tokenizer.train):
@@ -38,7 +39,7 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
     name = cfg.task or Path(cfg.files[0]).stem
     with tempfile.TemporaryDirectory(prefix="posttrain-data-") as tmp:
         ds_dir = Path(tmp) / "dataset"
-        info = prepare_dataset(cfg, ds_dir, require_completions=require_completions)
+        info = prepare_dataset(cfg, ds_dir, require_completions=require_completions, tasks=ENV_TASKS)
         ds_ref = store.put("dataset", name, ds_dir, run_id=run_id, parents=[], config=to_dict(cfg),
                            metrics={"num_train": info.num_train, "num_eval": info.num_eval,
                                     "num_duplicates": info.num_duplicates,
@@ -49,7 +50,8 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
         store.cache_put(key + "-dataset", ds_ref)
         if cfg.tokenizer.train:
             tok_dir = Path(tmp) / "tokenizer"
-            train_tokenizer(tokenizer_training_texts(ds_dir), cfg.tokenizer.vocab_size, tok_dir)
+            train_tokenizer(tokenizer_training_texts(ds_dir), cfg.tokenizer.vocab_size, tok_dir,
+                            split_words=cfg.tokenizer.split_words)
             tok_ref = store.put("tokenizer", f"{name}-bpe{cfg.tokenizer.vocab_size}", tok_dir, run_id=run_id,
                                 parents=[ds_ref.id], config=to_dict(cfg.tokenizer))
             store.cache_put(key + "-tokenizer", tok_ref)

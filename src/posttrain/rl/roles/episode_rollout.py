@@ -53,13 +53,11 @@ class EpisodeRollout:
         self.rollout, self.environment, self.layout, self.episode = rollout, environment, layout, episode
         self.max_seq_len = max_seq_len
 
-    @property
-    def prompt_room(self) -> int:
-        """Tokens an episode adds to a row's plain prompt: the tools' system turn and every response token
-        (sampled and the environment's); the prompt sampler leaves out rows that would not fit."""
-        q = [{"role": "user", "content": "q"}]
-        plain = self.layout.prompt_ids(q, [], None)
-        return len(self.layout.prompt_ids(q, self.environment.specs, None)) - len(plain) + self.episode.max_total_tokens
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """An episode's opening ids for a row's prompt turns (the tools' system turn included), before any
+        first observation: what the prompt sampler measures rows by. With these, `episode.max_total_tokens`
+        response tokens must fit `max_seq_len`; the sampler leaves out rows that would not."""
+        return self.layout.prompt_ids(messages, self.environment.specs, None)
 
     def identities(self) -> list[WorkerId]:
         return self.rollout.identities()

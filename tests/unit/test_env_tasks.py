@@ -1,0 +1,116 @@
+"""The built-in environment task `calculator` (posttrain.envs.tasks) and agent_pipeline's plan: the problems are
+distinct and answered right, the sloppy teacher skips the tool only where documented, and a demonstration's
+tokens are exactly the tokens of the episode in which the model samples the demonstration's turns - so SFT
+trains on what RL and evaluation then sample. Data prep makes the task only through the data stage's makers,
+and agent_pipeline refuses a recipe without an environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from posttrain.config import ConfigError, DataConfig
+from posttrain.data.chat import tokenize_for_training
+from posttrain.data.examples import episode_prompt, prompt_messages, read_examples
+from posttrain.data.prepare import prepare_dataset
+from posttrain.data.validation import DataValidationError
+from posttrain.data.verifiers import score
+from posttrain.envs.builtin import Calculator, evaluate
+from posttrain.envs.calls import parse_call
+from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, run_episodes
+from posttrain.envs.tasks import TASKS, calculator, estimate
+from posttrain.envs.tools import environment_tools
+from posttrain.models.io import load_tokenizer
+from posttrain.models.tokenizer import train_tokenizer
+from posttrain.recipes import resolve
+from tests.unit.test_episodes import Script, in_process
+
+
+def _texts(examples):
+    return [m["content"] for ex in examples for m in ex["messages"]]
+
+
+def test_calculator_problems_demonstrations_and_the_sloppy_teacher():
+    examples = calculator(3000, 3, seed=0, demo_error_rate=0.6)
+    specs = environment_tools(Calculator)
+    assert len({ex["messages"][1]["content"] for ex in examples}) == 3000  # distinct problems
+    sloppy_by_lead = {True: [], False: []}
+    for ex in examples:
+        a, b = (int(x) for x in ex["messages"][1]["content"].rstrip("=").split("*"))
+        assert 100 <= a <= 999 and 100 <= b <= 999 and ex["answer"] == str(a * b) and ex["task"] == "exact"
+        turns = ex["messages"][2:]
+        sloppy = len(turns) == 1
+        sloppy_by_lead[a >= 500].append(sloppy)
+        if sloppy:  # answered in its head: the estimate, which the verifier scores as wrong unless it is exact
+            assert turns[0]["content"] == str(estimate(a, b)) == str(a // 100 * 100 * (b // 100 * 100))
+            assert score("exact", turns[0]["content"], ex["answer"]) == float(estimate(a, b) == a * b)
+        else:  # a well-formed call of the problem, its true result, the answer copied from it
+            call = parse_call(turns[0]["content"], specs)
+            assert call.name == "calculate" and evaluate(call.arguments["expression"]) == a * b
+            assert turns[1] == {"role": "user", "content": f"<tool_response>\n{a * b}\n</tool_response>"}
+            assert score("exact", turns[2]["content"], ex["answer"]) == 1.0
+    assert not any(sloppy_by_lead[False])  # only first factors starting with 5-9 are answered in the head
+    assert 0.55 < sum(sloppy_by_lead[True]) / len(sloppy_by_lead[True]) < 0.65
+    # the problems do not depend on the teacher's error rate
+    clean = calculator(3000, 3, seed=0, demo_error_rate=0.0)
+    assert [ex["messages"][:2] for ex in clean] == [ex["messages"][:2] for ex in examples]
+    assert all(len(ex["messages"]) == 5 for ex in clean)
+    # an episode's prompt is the system turn with the tools and the question; SFT's prompt is longer
+    assert episode_prompt(clean[0]) == clean[0]["messages"][:2] != prompt_messages(clean[0])
+
+
+def test_a_demonstration_is_the_episode_the_model_plays_when_it_samples_its_turns(tmp_path):
+    examples = calculator(200, 3, seed=1, demo_error_rate=0.5)
+    train_tokenizer(_texts(examples), 768, tmp_path, split_words=False)
+    tok = load_tokenizer(tmp_path)
+    stop = tok.eos_token_id
+    layout = EpisodeLayout.check(tok, [stop])
+    for ex in (next(e for e in examples if len(e["messages"]) == 5), next(e for e in examples if len(e["messages"]) == 3)):
+        ids, loss_mask = tokenize_for_training(tok, ex["messages"], 10_000)
+        said = [m["content"] for m in ex["messages"][2:] if m["role"] == "assistant"]
+        engine = Script(tok, stop, said)
+        (ep,) = run_episodes(engine, layout, in_process(Calculator), [{}], [episode_prompt(ex)], n=1,
+                             limits=EpisodeLimits(max_turns=3, max_new_tokens=64, max_total_tokens=256),
+                             temperature=1.0, seed=0)
+        # the episode's ids are the demonstration's (up to the template's newline after the last turn), the
+        # tools block shown once, and SFT's loss falls on exactly the tokens the policy sampled - and on the
+        # template's newline after each end-of-turn token, which no episode samples (a turn ends at the stop)
+        assert ep.prompt_ids + ep.response_ids == ids[:-1]
+        sampled_by_sft = [int(m and ids[k - 1] != stop) for k, m in enumerate(loss_mask)]
+        assert ep.sampled == sampled_by_sft[len(ep.prompt_ids):-1] and 1 in ep.sampled
+        assert ep.finished and ep.turns == len(said) and ep.tool_calls == len(said) - 1
+        assert score("exact", ep.final_text, ex["answer"]) == float(len(said) == 2)
+    # merging across words makes the tools block a few tokens (the tiny model's sequences stay short)
+    split = tmp_path / "split"
+    train_tokenizer(_texts(examples), 768, split)
+    n_merged, n_split = (len(tokenize_for_training(load_tokenizer(d), examples[0]["messages"], 10_000)[0])
+                         for d in (tmp_path, split))
+    assert n_merged < n_split / 2
+
+
+def test_the_calculator_task_is_made_by_the_data_stages_makers_only(tmp_path):
+    cfg = DataConfig(task="calculator", num_examples=300, eval_size=50, num_digits=3, demo_error_rate=0.6)
+    with pytest.raises(DataValidationError, match="data.task: 'calculator' is not made here"):
+        prepare_dataset(cfg, tmp_path / "bare")
+    assert not (tmp_path / "bare").exists()
+    info = prepare_dataset(cfg, tmp_path / "ds", tasks=TASKS)
+    assert (info.num_train, info.num_eval) == (250, 50)
+    train, held = read_examples(tmp_path / "ds", "train"), read_examples(tmp_path / "ds", "eval")
+    assert not {ex["messages"][1]["content"] for ex in held} & {ex["messages"][1]["content"] for ex in train}
+    # a held-out row is the problem (tools and question): evaluated without the environment, a model is not
+    # shown the tool's result
+    assert all([m["role"] for m in ex["messages"]] == ["system", "user"] for ex in held)
+    assert {len(ex["messages"]) for ex in train} == {3, 5}
+
+
+def test_agent_pipeline_refuses_a_recipe_without_an_environment():
+    cfg = resolve("tiny_calculator", workflow="agent_pipeline")
+    assert cfg.rl.environment == cfg.eval.environment == "posttrain.envs.builtin:Calculator"
+    with pytest.raises(ConfigError, match=r"rl.environment: agent_pipeline trains and evaluates in an environment"):
+        resolve("tiny_cpu", workflow="agent_pipeline")
+    plain_eval = {"eval": {"environment": "", "episode": {"max_turns": 4, "max_env_tokens": 64,
+                                                          "max_total_tokens": 256}}}
+    with pytest.raises(ConfigError, match=r"eval.environment: agent_pipeline"):
+        resolve("tiny_calculator", plain_eval, workflow="agent_pipeline")
+    resolve("tiny_calculator", plain_eval, workflow="pipeline")  # other workflows allow it
+    with pytest.raises(ConfigError, match="data.task"):
+        resolve("tiny_cpu", {"data": {"task": "calc"}})
