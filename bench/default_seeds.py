@@ -65,9 +65,9 @@ def greedy_alone(seed: int, recipe: str, extra: dict, home: Path, model_id: str)
     from posttrain.config import EpisodeConfig, to_dict
 
     plain = {"eval": {"environment": "", "tools": [], "episode": to_dict(EpisodeConfig())},
-             "model": {"artifact": model_id}}
+             "model": {"artifact": model_id}, "data": {"tokenizer": {"train": False}}}
     for section, fields in plain.items():
-        extra = {**extra, section: {**extra.get(section, {}), **fields}}
+        extra = {**extra, section: {**extra.get(section, {}), **fields}}  # the model brings its tokenizer
     _, out = run_pipeline(seed, recipe, extra, home, "eval_pipeline", what="evaluated without the environment")
     return float(re.search(r"eval \w+ of model \w+: greedy ([0-9.]+)", out)[1])
 
