@@ -42,6 +42,11 @@ NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
                                                                  "rlhf_pipeline measures it",
     ".venv/bin/pyflyte run workflows/pipeline.py distill_pipeline": "2,000 distillation steps: "
                                                                     "test_dense_pipelines_e2e.py runs it shortened",
+    ".venv/bin/pyflyte run workflows/pipeline.py agent_pipeline": "SFT and 100 RL steps in the calculator "
+                                                                  "environment (~10 min): "
+                                                                  "test_agent_pipeline_e2e.py runs it with 30 RL "
+                                                                  "steps; bench/default_seeds.py --workflow "
+                                                                  "agent_pipeline measures it over seeds",
     ".venv/bin/wandb login": "interactive, needs a wandb account (the sync after it is run with --dry-run)",
     "make real-model": "builds SmolLM2-135M from its PyPI package (minutes, ~0.5 GB): test_real_model.py",
     "M=": "a shell variable for the next commands",

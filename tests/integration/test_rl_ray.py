@@ -332,4 +332,7 @@ def test_multi_turn_episodes_through_real_actors(ray_local, tiny_sft_model, tmp_
         assert m.reward_mean <= 2.0 and m.generated_tokens > 0
     manifest = store.manifest(res.model)
     assert set(manifest.extra["environment"]) == {game} and len(manifest.extra["environment"][game]) == 64
+    shown = manifest.extra["episodes"]  # the last step's first episodes, turn by turn, for the RL page
+    assert len(shown) == 3 and all(e["turns"][0][0] == "policy" and e["prompt"] for e in shown)
+    assert res.history[-1].phase_s["rollout"] > 0  # the game's answering time moved out of it, not all of it
     _assert_released(ray_local)

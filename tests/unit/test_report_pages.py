@@ -278,3 +278,24 @@ def test_rl_page_draws_an_algorithms_own_metrics_and_its_phase_order(tmp_path):
     assert charts["algo-adv"] == {"adv-mean", "adv-std"}
     order = pages._phase_times(history, "ppo")
     assert list(order) == ["rollout", "reward", "advantages", "critic", "update", "sync", "other"]
+
+
+def test_rl_page_shows_a_multi_turn_runs_last_episodes_turn_by_turn(tmp_path):
+    from posttrain.artifacts import ArtifactStore
+    from tests.files import write_folder
+    from tests.report_inputs import rl_history
+
+    episodes = [{"prompt": "347*862=", "reward": 1.0, "turns": [
+        ["policy", '<tool_call>{"name": "calculate", "arguments": {"expression": "347*862"}}</tool_call>'],
+        ["tool", "299114"], ["policy", "299114"]]}, {"prompt": "547*862=", "reward": 0.0, "turns": [["policy", "400000"]]}]
+    store = ArtifactStore(str(tmp_path / "store"))
+    history = rl_history(2)
+    ref = store.put("model", "agent", write_folder(tmp_path, "agent", {"w.txt": "a"}), run_id="r", parents=[],
+                    config={}, metrics=history[-1], extra={"algorithm": "grpo", "step": 2, "policy_version": 2,
+                                                           "history": history, "episodes": episodes})
+    html = pages.rl_page(store, ref.id)
+    assert 'id="section-episodes"' in html and "The first episodes of step 2" in html
+    assert html.index("&#x27;347*862=&#x27;: reward 1") < html.index("299114") < html.index("547*862")
+    plain = store.put("model", "plain", write_folder(tmp_path, "plain", {"w.txt": "p"}), run_id="r", parents=[],
+                      config={}, metrics=history[-1], extra={"algorithm": "grpo", "step": 2, "history": history})
+    assert 'id="section-episodes"' not in pages.rl_page(store, plain.id)  # single-turn runs have none

@@ -70,6 +70,9 @@ def test_the_rollout_role_runs_whole_episodes_through_the_environment_role(roles
     env_text = [tok.decode([t for t, m in zip(ids, mask) if not m]) for ids, mask in zip(traj.response_ids, traj.sampled)]
     assert all("no" in t for t in env_text[2:]) and not any("tool_response" in t for t in env_text)
     assert env._owner == {}  # every episode finished and closed on the worker that held it
+    # the environment's answering time and the first episodes turn by turn travel with the trajectories
+    assert traj.env_s > 0 and len(traj.transcripts) == 3
+    assert [who for who, _ in traj.transcripts[2]][:3] == ["policy", "env", "policy"]
     m = episode_metrics(traj)
     assert m["env/turns_mean"] == sum(e.turns for e in traj.episodes) / 6 and m["env/tool_calls_mean"] == 0
     assert traj.compute_s > 0

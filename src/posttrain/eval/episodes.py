@@ -4,7 +4,7 @@ against the user's environment and tools in their sandboxed tool process (posttr
 (one episode per problem) and, with eval.k > 0, k sampled ones. What is scored is each episode's last sampled
 turn (`Episode.final_text`), by the verifier or reward.fn, exactly as a single completion is.
 
-    greedy, sampled, seconds = run_eval_episodes(model_dir, tok, cfg, problems)
+    greedy, sampled, seconds, tools = run_eval_episodes(model_dir, tok, cfg, problems)
     episode_summary(greedy + sampled) -> {"turns_mean", "tool_calls_mean", "tool_failures", "finished", ...}
 """
 
@@ -36,9 +36,10 @@ class _Sampler:
 
 
 def run_eval_episodes(model_dir: str | Path, tok, cfg: EvalConfig, problems: list[dict], device: str = "cpu"
-                      ) -> tuple[list[Episode], list[Episode], float]:
+                      ) -> tuple[list[Episode], list[Episode], float, list[str]]:
     """(greedy episodes, one per problem; sampled episodes, k per problem in problem order, [] when k == 0;
-    seconds the episodes took - not the model's loading or the tool process's start)."""
+    seconds the episodes took - not the model's loading or the tool process's start; the names of the tools
+    the model was shown - the environment's and eval.tools')."""
     layout = checked_layout(str(model_dir))
     sampler = _Sampler(model_dir, tok, cfg.batch_size, device)
     limits = episode_limits(cfg.episode, cfg.max_new_tokens)
@@ -57,11 +58,12 @@ def run_eval_episodes(model_dir: str | Path, tok, cfg: EvalConfig, problems: lis
         seconds = time.perf_counter() - t0
     finally:
         process.shutdown()
-    return greedy, sampled, seconds
+    return greedy, sampled, seconds, [s.name for s in process.specs]
 
 
 def episode_summary(episodes: list[Episode], environment: str, tools: list[str]) -> dict:
-    """What happened in the episodes: turns and tool calls per episode, failed calls by kind, the share that
+    """What happened in the episodes (`tools`: the names of those the model was shown): turns and tool calls per
+    episode, failed calls by kind, the share that
     finished (the environment ended them or the model answered, not cut by a limit), and the environment's own
     reward per episode (per-turn rewards and get_reward; None when it gives none)."""
     failures: dict[str, int] = {}

@@ -56,10 +56,10 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, cfg: EvalConfig, re
         torch.set_num_threads(max(1, torch.get_num_threads()))
         tok = load_tokenizer(model_dir)
         if cfg.environment or cfg.tools:
-            greedy_eps, sampled_eps, seconds = run_eval_episodes(model_dir, tok, cfg, problems, device)
+            greedy_eps, sampled_eps, seconds, tool_names = run_eval_episodes(model_dir, tok, cfg, problems, device)
             greedy_texts, sampled_texts = [e.final_text for e in greedy_eps], [e.final_text for e in sampled_eps]
             n_tokens = sum(sum(e.sampled) for e in greedy_eps + sampled_eps)  # the model's own tokens only
-            episodes = episode_summary(greedy_eps + sampled_eps, cfg.environment, cfg.tools)
+            episodes = episode_summary(greedy_eps + sampled_eps, cfg.environment, tool_names)
             transcripts = [[list(t) for t in e.transcript] for e in greedy_eps]
         else:
             gen = generator(model_dir, tok, cfg, device)

@@ -42,7 +42,7 @@ class EvalReport:
     the episode's last sampled turn."""
     episodes: dict | None = None
     """With eval.environment / eval.tools (posttrain.eval.episodes.episode_summary), over every episode (greedy
-    and sampled): environment, tools, episodes, turns_mean, tool_calls_mean, tool_failures {kind: n},
+    and sampled): environment, tools (the names of those the model was shown), episodes, turns_mean, tool_calls_mean, tool_failures {kind: n},
     finished, env_reward_mean (None without the environment's own rewards). None: no environment."""
 
     def to_json(self) -> str:

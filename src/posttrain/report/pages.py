@@ -159,7 +159,20 @@ def rl_page(store: ArtifactStore, id_: str) -> str:
         "phases", "Seconds per phase (controller's view)", steps, _phase_times(history, m.extra.get("algorithm"))),
         charts.line_chart("overhead", "Orchestration overhead (share of the step no worker computed)", steps,
                           _curves(history, ("orchestration_overhead",))))
-    return page(f"RL {m.name}", [_about(m), summary, curves, timing])
+    episodes = [_rl_episodes_section(m.extra["episodes"], m.extra.get("step"))] if m.extra.get("episodes") else []
+    return page(f"RL {m.name}", [_about(m), summary, curves, timing, *episodes])
+
+
+def _rl_episodes_section(episodes: list[dict], step: int | None) -> str:
+    """A multi-turn run's last step: its first episodes turn by turn, with the reward each got."""
+    tables = [part for e in episodes for part in (
+        note(f"{e['prompt']!r}: reward {e['reward']:.3g}"),
+        table(("turn", "who", "text"), [[i + 1, who, text] for i, (who, text) in enumerate(e["turns"])],
+              text_columns=(2,)))]
+    return section("episodes", "Episodes", note(
+        f"The first episodes of step {step}, turn by turn: the policy's turns, the tools' results and the "
+        "environment's observations. Per step, the env charts above count turns, tool calls and failed calls; "
+        "the environment's answers are their own phase in the time per step."), *tables)
 
 
 def _rates(r: EvalReport) -> dict[str, tuple[float, tuple[float, float]]]:

@@ -149,7 +149,8 @@ class Controller:
         state = {"sampler": self.sampler.state_dict(), "rng_state": _rng_to_json(self.rng.getstate()),
                  "wandb_id": getattr(self.tracker, "wandb_id", None)}
         ref = self.checkpointer.save(step=self.step_count, policy_version=self.version, groups=self.groups,
-                                     controller_state=state, history=[m.flat() for m in self.history])
+                                     controller_state=state, history=[m.flat() for m in self.history],
+                                     episodes=self.history[-1].episodes if self.history else [])
         self.model_id = ref.id
 
 

@@ -65,11 +65,14 @@ class StepMetrics:
     """1 - sum(compute_s) / step_s."""
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
     """The algorithm's own metrics under their own names ("critic/value_loss", "adv/mean", ...)."""
+    episodes: list[dict] = dataclasses.field(default_factory=list)
+    """Multi-turn episodes: the step's first few, {"prompt", "turns": [[who, text]...], "reward"}; not a number,
+    so not in `flat()` (the RL model's manifest keeps the last step's: the RL page shows them)."""
 
     def flat(self) -> dict[str, float | int]:
         """One flat dict of numbers (for wandb, console lines and manifests)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("phase_s", "compute_s", "reward_failure_example", "extra")}
+               if f.name not in ("phase_s", "compute_s", "reward_failure_example", "extra", "episodes")}
         out.update({f"time/{k}_s": v for k, v in self.phase_s.items()})
         out.update({f"compute/{k}_s": v for k, v in self.compute_s.items()})
         out.update(self.extra)
@@ -96,6 +99,10 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
     n_tokens = sum(trained_tokens(traj, i) for i in range(len(traj.response_ids)))  # sampled tokens only
     u = (stats.kl, stats.entropy, stats.clip_fraction, stats.loss, stats.grad_norm, stats.drift) if stats \
         else (0.0,) * 6
+    tokens_per_s = n_tokens / max(phase_s["rollout"], 1e-9)  # the rollout's wall, the environment's answers included
+    if traj.episodes:  # the environment's answers within the rollout are its phase (with its scoring, if any)
+        phase_s = {**phase_s, "rollout": max(phase_s["rollout"] - traj.env_s, 0.0),
+                   "environment": phase_s.get("environment", 0.0) + traj.env_s}
     return StepMetrics(
         step=step, policy_version=version, reward_mean=mean,
         reward_std=(sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5,
@@ -104,11 +111,14 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
         reward_failure_example=next((f for f in rewards.failures if f is not None), ""),
         kl=u[0], entropy=u[1], clip_fraction=u[2], loss=u[3], grad_norm=u[4], drift=u[5],
         response_len_mean=n_tokens / len(traj.response_ids),
-        generated_tokens=n_tokens, generated_tokens_per_s=n_tokens / max(phase_s["rollout"], 1e-9),
+        generated_tokens=n_tokens, generated_tokens_per_s=tokens_per_s,
         phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s),
         extra={**outcome.extra, **episode_metrics(traj),
                **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max,
-                   "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})})
+                   "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})},
+        episodes=[{"prompt": traj.messages[i][-1]["content"] if traj.messages[i] else "",
+                   "turns": [list(t) for t in turns], "reward": scores[i]}
+                  for i, turns in enumerate(traj.transcripts)])
 
 
 def episode_metrics(traj: Trajectories) -> dict[str, float]:

@@ -197,16 +197,17 @@ class Checkpointer:
     # ----------------------------------------------------------------------------------- save
 
     def save(self, *, step: int, policy_version: int, groups: Mapping[str, Any], controller_state: dict,
-             history: list[dict]) -> ArtifactRef:
+             history: list[dict], episodes: list[dict] | None = None) -> ArtifactRef:
         """`groups`: the run's role groups by name; the policy's model is stored, every training role's state
-        is written."""
+        is written. `episodes`: multi-turn runs' last step's sample episodes, kept in the model's manifest."""
         name = f"step-{step:06d}"
         policy = groups["policy"]
         self.state.remove(name)  # a folder a killed run left uncommitted (LATEST never pointed at it)
         model_id = policy.save_model(ModelPut(
             store_root=str(self.store.root), name=f"{self.name}-step{step}", run_id=self.run_id, parents=self.parents,
             config=self.config, metrics=history[-1] if history else {},
-            extra={**self.extra, "policy_version": policy_version, "step": step, "history": history},
+            extra={**self.extra, "policy_version": policy_version, "step": step, "history": history,
+                   **({"episodes": episodes} if episodes else {})},
             provenance={"parents": self.parents, "step": step, "policy_version": policy_version}))
         for role, group in training_roles(groups).items():
             group.save_state(self.state.url(name, role))

@@ -89,6 +89,13 @@ class Trajectories:
     that gives none."""
     episodes: list[EpisodeSummary] | None = None
     """(B,) multi-turn episodes: what happened in each (turns, tool calls, failed calls), for the metrics."""
+    env_s: float = 0.0
+    """Multi-turn episodes: wall seconds the environment took answering them within the rollout (opening the
+    instances, tool calls and `step`s, closing); the metrics count it as the environment's phase, not the
+    rollout's."""
+    transcripts: tuple[tuple[tuple[str, str], ...], ...] = ()
+    """Multi-turn episodes: the first few (EPISODES_SAMPLED) turn by turn, (who, text) - policy, tool or env -
+    for the RL page. A tuple: a sample, not a per-row field (take_rows keeps it whole)."""
 
 
 @dataclass(frozen=True, kw_only=True)

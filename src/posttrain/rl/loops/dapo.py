@@ -86,7 +86,7 @@ class DAPO(GRPO):
 
 def concat(parts: list[Trajectories]) -> Trajectories:
     """The trajectories of several draws at one version, in order: every per-row list joined (take_rows' rule: the
-    list fields are the rows), group indices kept distinct across draws, compute time summed."""
+    list fields are the rows), group indices kept distinct across draws, compute and environment time summed."""
     rows = [f.name for f in dataclasses.fields(Trajectories) if isinstance(getattr(parts[0], f.name), list)]
     out: dict[str, list] = {f: [] for f in rows}
     offset = 0
@@ -94,7 +94,8 @@ def concat(parts: list[Trajectories]) -> Trajectories:
         for f in rows:
             out[f] += [g + offset for g in t.group_index] if f == "group_index" else list(getattr(t, f))
         offset += max(t.group_index, default=-1) + 1
-    return dataclasses.replace(parts[0], compute_s=sum(t.compute_s for t in parts), **out)
+    return dataclasses.replace(parts[0], compute_s=sum(t.compute_s for t in parts),
+                               env_s=sum(t.env_s for t in parts), **out)
 
 
 def concat_rewards(parts: list[Rewards]) -> Rewards:

@@ -14,6 +14,8 @@ sampled turn - what the verifier or reward function scores.
 
 from __future__ import annotations
 
+import time
+
 from posttrain.config import EpisodeConfig
 from posttrain.envs.episodes import EpisodeLayout, run_episodes
 from posttrain.envs.plan import episode_limits, episode_row
@@ -45,6 +47,33 @@ class _TurnSampler:
                 for p, r, lp, f in zip(t.prompt_ids, t.response_ids, t.logprobs, t.finished)]
 
 
+EPISODES_SAMPLED = 3
+"""Episodes per step kept turn by turn in the trajectories (the first ones: prompt order)."""
+
+
+class _TimedEnv:
+    """The environment group as run_episodes sees it, with the wall time of its answers summed."""
+
+    def __init__(self, env: EnvironmentGroup):
+        self.env, self.specs, self.seconds = env, env.specs, 0.0
+
+    def _timed(self, method, *args):
+        t = time.perf_counter()
+        try:
+            return method(*args)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def open(self, keys, rows):
+        return self._timed(self.env.open, keys, rows)
+
+    def respond(self, keys, texts):
+        return self._timed(self.env.respond, keys, texts)
+
+    def finish(self, keys):
+        return self._timed(self.env.finish, keys)
+
+
 class EpisodeRollout:
     def __init__(self, rollout: Generates, environment: EnvironmentGroup, layout: EpisodeLayout,
                  episode: EpisodeConfig, *, max_seq_len: int):
@@ -71,7 +100,8 @@ class EpisodeRollout:
         sampler = _TurnSampler(self.rollout, prompts.policy_version)
         limits = episode_limits(self.episode, max_new_tokens)
         rows = [episode_row(cols, a) for cols, a in zip(prompts.columns, prompts.answers)]
-        eps = run_episodes(sampler, self.layout, self.environment, rows, prompts.messages, n=n, limits=limits,
+        env = _TimedEnv(self.environment)
+        eps = run_episodes(sampler, self.layout, env, rows, prompts.messages, n=n, limits=limits,
                            temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
                            key_prefix=f"v{prompts.policy_version}-s{seed}")
         group = [i for i in range(len(prompts.prompt_ids)) for _ in range(n)]
@@ -93,4 +123,5 @@ class EpisodeRollout:
             compute_s=sampler.compute_s + env_compute, sampled=[e.sampled for e in eps],
             env_rewards=[sum(e.step_rewards) + (e.env_reward or 0.0) for e in eps] if own else None,
             episodes=[EpisodeSummary(turns=e.turns, tool_calls=e.tool_calls, failures=dict(e.tool_failures))
-                      for e in eps])
+                      for e in eps],
+            env_s=env.seconds, transcripts=tuple(tuple(e.transcript) for e in eps[:EPISODES_SAMPLED]))
