@@ -26,10 +26,11 @@ training accuracy 0.75 at step 1, 0.96 by step 33, held-out greedy 0.520 -> 1.00
 CALCULATOR = "posttrain.envs.builtin:Calculator"
 
 
-def _run(home: Path) -> subprocess.CompletedProcess:
+def _run(home: Path, overrides: dict | None = None, run_id: str = "agent") -> subprocess.CompletedProcess:
     env = {**os.environ, "POSTTRAIN_HOME": str(home)}
     out = subprocess.run([str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py",
-                          "agent_pipeline", "--run_id", "agent", "--overrides", json.dumps({"rl": {"steps": RL_STEPS}})],
+                          "agent_pipeline", "--run_id", run_id,
+                          "--overrides", json.dumps(overrides or {"rl": {"steps": RL_STEPS}})],
                          capture_output=True, text=True, timeout=1500, env=env, check=False,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
@@ -74,3 +75,19 @@ def test_agent_pipeline_teaches_the_tiny_model_to_call_its_tool_with_lineage_and
     assert dict(re.findall(r"(\w+_id)='([0-9a-f]{64})'", again.stdout)) == ids
     for stage in ("data_prep: cache hit", "sft: cache hit", "rl: cache hit"):
         assert stage in again.stdout, again.stdout[-3000:]
+
+    # A tool that raises, hangs, exits, prints 10 MB or returns bytes that are not UTF-8 on about a fifth of its
+    # calls (tests/integration/flaky_env.py), from the same SFT model (cached): the run completes, and every
+    # failure is counted by kind in the RL model's step metrics; the hangs and exits replaced the tool process
+    flaky = _run(home, {"rl": {"steps": 3, "prompts_per_step": 16, "environment": "flaky_env:FlakyCalculator",
+                               "episode": {"python_path": [str(Path(__file__).parent)], "tool_timeout_s": 2.0,
+                                           "max_turns": 3, "max_env_tokens": 16, "max_total_tokens": 64}},
+                        "eval": {"num_problems": 40, "k": 1}}, run_id="flaky")
+    assert "sft: cache hit" in flaky.stdout
+    flaky_ids = dict(re.findall(r"(\w+_id)='([0-9a-f]{64})'", flaky.stdout))
+    history = store.manifest(flaky_ids["rl_model_id"]).extra["history"]
+    assert [h["step"] for h in history] == [1, 2, 3]
+    failed = {kind: sum(h.get(f"env/failures/{kind}", 0) for h in history) for kind in ("raised", "timeout", "died",
+                                                                                        "not_text")}
+    assert all(n >= 1 for n in failed.values()), failed
+    assert sum(h["env/tool_errors"] for h in history) >= sum(failed.values())

@@ -1,7 +1,8 @@
 """A role actor that dies mid-run (SIGKILL of its own process, once) no longer ends the run: the driver sees
 the lost worker at once, rebuilds every actor, resumes from the last checkpoint and ends with exactly the
 updates - and the final model - of an uninterrupted run: the reference worker (a role without training state)
-here, the rollout worker and a policy rank in the cluster rehearsal's pod loss, PPO's critic (and with it the
+here, the rollout worker in the middle of a step's multi-turn episodes here (the environment role's open
+episodes rebuilt with every actor), the rollout worker and a policy rank in the cluster rehearsal's pod loss, PPO's critic (and with it the
 FSDP2 policy's restored state) with the PPO run it must reproduce; the reward worker's death is the `rl.max_restarts = 0` test's. A learned reward model is
 rebuilt as the reference worker is (no state of its own); it runs through Ray in the RLHF pipeline's e2e test.
 Plus the step watchdog. Run alone: `pytest -m ray tests/integration/test_rl_restart.py`."""
@@ -17,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.config import Algorithm, Parallelism, PlacementConfig, RewardConfig, RLConfig, TrackingConfig
+from posttrain.config import (
+    Algorithm,
+    EpisodeConfig,
+    Parallelism,
+    PlacementConfig,
+    RewardConfig,
+    RLConfig,
+    TrackingConfig,
+)
 from posttrain.rl.roles.critic import CriticWorker
 from posttrain.rl.roles.policy import PolicyWorker
 from posttrain.rl.roles.reference import ReferenceWorker
@@ -64,14 +73,15 @@ restores DDP's). No KL term: a reference actor (rebuilt at the restart as well) 
 own death is the test above."""
 
 
-def _run(tmp_path: Path, tiny, cfg: RLConfig, workers=None, tag: str = "run", placement=PLACEMENT):
+def _run(tmp_path: Path, tiny, cfg: RLConfig, workers=None, tag: str = "run", placement=PLACEMENT,
+         max_seq_len: int = 32):
     from posttrain.artifacts import ArtifactStore
     from posttrain.rl.run import run_rl
 
     store = ArtifactStore(tmp_path / "store")
     model = store.put("model", "sft", tiny["model_dir"], run_id="t", parents=[], config={})
     data = store.put("dataset", "addition", tiny["dataset_dir"], run_id="t", parents=[], config={})
-    return run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=placement, max_seq_len=32,
+    return run_rl(rl_cfg=cfg, reward_cfg=RewardConfig(), placement_cfg=placement, max_seq_len=max_seq_len,
                   tracking_cfg=TRACKING, start_model_dir=tiny["model_dir"], dataset_dir=tiny["dataset_dir"],
                   store_root=str(store.root), run_id="restart-test", parents=[model.id, data.id],
                   state_dir=tmp_path / f"state-{tag}", start_model_id=model.id, workers=workers)
@@ -115,6 +125,45 @@ def test_a_killed_critic_is_replaced_and_ppo_ends_as_if_uninterrupted(ray_local,
     assert res.model.id == whole.model.id  # critic and policy restored from the step-2 checkpoint: same updates
     out = capfd.readouterr().out
     assert "WorkerLostError" in out and "critic[" in out and "restart 1/2" in out
+    _assert_released(ray_local)
+
+
+EPISODES = replace(CFG, kl_coef=0.0, environment="retry_env:Retry",
+                   episode=EpisodeConfig(python_path=[str(Path(__file__).parent)], max_turns=3, max_total_tokens=40))
+"""Multi-turn episodes (tests/integration/retry_env.py: a wrong answer is told "no" and tried again): every step
+samples up to 3 turns, one rollout call each."""
+
+
+class DiesMidEpisode(RolloutWorker):
+    """A rollout worker that SIGKILLs its own process at the second turn of step 3 (policy version 2) - in the
+    middle of that step's episodes, with the environment role holding them open - once per test (the marker)."""
+
+    marker = ""
+
+    def generate(self, prompts, *args, **kwargs):
+        self._turns = getattr(self, "_turns", {})
+        self._turns[prompts.policy_version] = self._turns.get(prompts.policy_version, 0) + 1
+        if prompts.policy_version == 2 and self._turns[2] == 2 and not os.path.exists(self.marker):
+            Path(self.marker).write_text("rollout killed at the second turn of step 3")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().generate(prompts, *args, **kwargs)
+
+
+@pytest.mark.timeout(900)
+def test_a_rollout_worker_killed_mid_episode_is_replaced_and_the_run_ends_as_if_uninterrupted(
+        ray_local, tiny_sft_model, tmp_path, tmp_path_factory, capfd):
+    ray_local.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    placement = PlacementConfig(policy_workers=1, rollout_workers=1, environment_workers=1)
+    whole = _run(tmp_path_factory.mktemp("episodes-uninterrupted"), tiny_sft_model, EPISODES, placement=placement,
+                 max_seq_len=64)
+    assert max(m.extra["env/turns_mean"] for m in whole.history) > 1  # the episodes do take several turns
+    killer = type("DiesMidEpisodeHere", (DiesMidEpisode,), {"marker": str(tmp_path / "killed")})
+    res = _run(tmp_path, tiny_sft_model, EPISODES, workers={"rollout": killer}, placement=placement, max_seq_len=64)
+    assert (tmp_path / "killed").exists(), "the rollout worker was never killed: the test proves nothing"
+    assert res.restarts == 1 and [m.step for m in res.history] == [1, 2, 3, 4]
+    assert res.model.id == whole.model.id  # step 3's episodes re-played from the step-2 checkpoint: same updates
+    out = capfd.readouterr().out
+    assert "WorkerLostError" in out and "rollout[" in out and "restart 1/2" in out
     _assert_released(ray_local)
 
 

@@ -63,9 +63,9 @@ def run_eval_episodes(model_dir: str | Path, tok, cfg: EvalConfig, problems: lis
 
 def episode_summary(episodes: list[Episode], environment: str, tools: list[str]) -> dict:
     """What happened in the episodes (`tools`: the names of those the model was shown): turns and tool calls per
-    episode, failed calls by kind, the share that
-    finished (the environment ended them or the model answered, not cut by a limit), and the environment's own
-    reward per episode (per-turn rewards and get_reward; None when it gives none)."""
+    episode, failed calls by kind, the share that finished (the environment ended them or the model answered,
+    not cut by a limit), and the environment's own reward per episode (per-turn rewards and get_reward; None
+    when it gives none)."""
     failures: dict[str, int] = {}
     for e in episodes:
         for kind, n in e.tool_failures.items():

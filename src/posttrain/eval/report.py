@@ -42,8 +42,9 @@ class EvalReport:
     the episode's last sampled turn."""
     episodes: dict | None = None
     """With eval.environment / eval.tools (posttrain.eval.episodes.episode_summary), over every episode (greedy
-    and sampled): environment, tools (the names of those the model was shown), episodes, turns_mean, tool_calls_mean, tool_failures {kind: n},
-    finished, env_reward_mean (None without the environment's own rewards). None: no environment."""
+    and sampled): environment, tools (the names of those the model was shown), episodes, turns_mean,
+    tool_calls_mean, tool_failures {kind: n}, finished, env_reward_mean (None without the environment's own
+    rewards). None: no environment."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True, ensure_ascii=False)

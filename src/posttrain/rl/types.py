@@ -93,9 +93,10 @@ class Trajectories:
     """Multi-turn episodes: wall seconds the environment took answering them within the rollout (opening the
     instances, tool calls and `step`s, closing); the metrics count it as the environment's phase, not the
     rollout's."""
-    transcripts: tuple[tuple[tuple[str, str], ...], ...] = ()
-    """Multi-turn episodes: the first few (EPISODES_SAMPLED) turn by turn, (who, text) - policy, tool or env -
-    for the RL page. A tuple: a sample, not a per-row field (take_rows keeps it whole)."""
+    transcripts: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()
+    """Multi-turn episodes: a few of them (the first of each of the first prompts) as (row, turns), each turn
+    (who, text) - policy, tool or env - for the RL page. A tuple: a sample, not a per-row field (take_rows keeps
+    it whole)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,7 +48,7 @@ class _TurnSampler:
 
 
 EPISODES_SAMPLED = 3
-"""Episodes per step kept turn by turn in the trajectories (the first ones: prompt order)."""
+"""Episodes per step kept turn by turn in the trajectories: the first of each of the first prompts."""
 
 
 class _TimedEnv:
@@ -124,4 +124,5 @@ class EpisodeRollout:
             env_rewards=[sum(e.step_rewards) + (e.env_reward or 0.0) for e in eps] if own else None,
             episodes=[EpisodeSummary(turns=e.turns, tool_calls=e.tool_calls, failures=dict(e.tool_failures))
                       for e in eps],
-            env_s=env.seconds, transcripts=tuple(tuple(e.transcript) for e in eps[:EPISODES_SAMPLED]))
+            env_s=env.seconds, transcripts=tuple((i, tuple(eps[i].transcript))
+                                                 for i in range(0, min(len(eps), EPISODES_SAMPLED * n), n)))
