@@ -134,18 +134,21 @@ def test_resume_after_sigkill_gives_the_same_weights(tmp_path, dense_data, objec
     while time.time() < deadline:
         line = proc.stdout.readline()
         log.append(line)
-        if line.startswith("step 9:") or not line:  # state was saved after step 8 (0-based in the log)
+        if line.startswith("step 8:") or not line:  # 8 steps done and saved (the log counts from 0)
             break
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank
     subprocess.run(["pkill", "-9", "-f", str(tmp_path / "state-kill")], check=False)
     proc.wait(30)
     time.sleep(1)
-    assert any(p.name == "step-0000008" for p in (tmp_path / "state-kill").iterdir()), "".join(log)
+    # at ~20 steps/s a loaded machine's kill can land after the next save (12 steps; it replaces 8's folder)
+    saved = sorted(p.name for p in (tmp_path / "state-kill").iterdir() if (p / "meta.json").exists())
+    assert saved and saved[-1] in ("step-0000008", "step-0000012"), (saved, "".join(log))
+    at = int(saved[-1].split("-")[1])
     assert not (tmp_path / "resumed").exists()
     p = torchrun(2, script, dense_data, objective, 16, tmp_path / "resumed", tmp_path / "state-kill")
     steps_logged = [int(ln.split(":")[0].split()[1]) for ln in p.stdout.splitlines() if ln.startswith("step ")]
-    assert steps_logged[0] == 8 and steps_logged[-1] == 15  # resumed at the saved cursor; nothing repeated or lost
-    assert f"{objective}: resuming at step 8 of saved state" in p.stdout
+    assert steps_logged[0] == at and steps_logged[-1] == 15  # resumed at the saved cursor; nothing repeated or lost
+    assert f"{objective}: resuming at step {at} of saved state" in p.stdout
     name = "model.safetensors"
     a, b = load_file(str(tmp_path / "full" / name)), load_file(str(tmp_path / "resumed" / name))
     assert _max_diff(a, b) <= 1e-6
