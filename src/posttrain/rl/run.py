@@ -118,14 +118,11 @@ class ControllerActor:
         groups.update(composed.episode_rollout(ctx.settings, groups, spec.max_seq_len))
         examples = read_examples(spec.dataset_dir, "train")
         rollout = groups["rollout"]  # an episode's response holds its turns and the environment's answers
-        tokenizer = load_tokenizer(spec.start_model_dir)
-        if isinstance(rollout, EpisodeRollout):  # measured as the episode opens; the response holds every turn
-            sampler = PromptSampler(examples, tokenizer, prompts_per_step=cfg.prompts_per_step, seed=cfg.seed,
-                                    max_prompt_len=spec.max_seq_len - cfg.episode.max_total_tokens,
-                                    episode_ids=rollout.prompt_ids)
-        else:
-            sampler = PromptSampler(examples, tokenizer, prompts_per_step=cfg.prompts_per_step, seed=cfg.seed,
-                                    max_prompt_len=spec.max_seq_len - cfg.max_new_tokens)
+        episodes = isinstance(rollout, EpisodeRollout)  # rows measured as episodes open; responses hold every turn
+        sampler = PromptSampler(examples, load_tokenizer(spec.start_model_dir), prompts_per_step=cfg.prompts_per_step,
+                                seed=cfg.seed, episode_ids=rollout.prompt_ids if episodes else None,
+                                max_prompt_len=spec.max_seq_len - (cfg.episode.max_total_tokens if episodes
+                                                                   else cfg.max_new_tokens))
         lora = spec.model_cfg.lora if spec.model_cfg is not None else None  # the checkpoints are adapters
         config = {"rl": to_dict(cfg), "reward": to_dict(spec.reward_cfg), "placement": to_dict(spec.placement_cfg),
                   "max_seq_len": spec.max_seq_len, **({"lora": to_dict(lora)} if lora else {})}
