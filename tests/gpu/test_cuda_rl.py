@@ -160,6 +160,98 @@ assert history[-1].kl != 0.0  # the adapters moved the policy away from its base
 print("RESULT ok", torch.cuda.max_memory_allocated() / 2**20)
 """
 
+EPISODES = r"""
+import math, sys, time
+from dataclasses import replace
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from posttrain import recipes
+from posttrain.config import Backend, TrackingConfig
+from posttrain.data.examples import read_examples
+from posttrain.data.prepare import prepare_dataset
+from posttrain.envs.tasks import TASKS
+from posttrain.models.io import load_tokenizer
+from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
+from posttrain.rl.controller import Controller
+from posttrain.rl.remote import LocalActor
+from posttrain.rl.roles import composed, registry
+from posttrain.rl.roles.environment import EnvironmentGroup, EnvironmentWorker
+from posttrain.rl.roles.policy import PolicyWorker
+from posttrain.rl.roles.policy_group import PolicyGroup
+from posttrain.rl.roles.reference import ReferenceGroup, ReferenceWorker
+from posttrain.rl.roles.reward import RewardGroup, RewardWorker
+from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
+from posttrain.rl.state import PromptSampler
+from posttrain.sft import run_sft
+from posttrain.config import DType
+
+d, CUDA = Path(sys.argv[1]), sys.argv[2] == "cuda"
+R = recipes.tiny_calculator()  # agent_pipeline's default: 3x3-digit products, the Calculator environment's tool
+MODEL = replace(R.model, dtype=DType.BF16 if CUDA else DType.FP32, gradient_checkpointing=True)
+prepare_dataset(R.data, d / "ds", tasks=TASKS)
+train_tokenizer(tokenizer_training_texts(d / "ds"), R.data.tokenizer.vocab_size, d / "tok",
+                split_words=R.data.tokenizer.split_words)
+t0 = time.perf_counter()
+run_sft(model_cfg=MODEL, sft_cfg=replace(R.sft, steps=R.sft.steps if CUDA else 30, nproc=1, backend=Backend.AUTO,
+        save_every=0, micro_batch_size=R.sft.global_batch_size), tracking_cfg=TrackingConfig(wandb=False, log_every=250),
+        dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
+print("SFT_S", round(time.perf_counter() - t0, 1))
+
+class Keep:
+    def log(self, m): pass
+    def close(self, model_id=None, failed=False): pass
+
+rl = replace(R.rl, steps=20 if CUDA else 2, prompts_per_step=64 if CUDA else 8, checkpoint_every=0,
+             remote_timeout_s=300)
+md, t = str(d / "model"), rl.remote_timeout_s
+rollout = RolloutWorker(md, 0, 1, model_cfg=MODEL)
+policy = PolicyWorker(md, rl, 0, 1, model_cfg=MODEL)
+envs = [EnvironmentWorker(rl.environment, list(rl.tools), rl.episode, rank, 2) for rank in range(2)]
+pg = PolicyGroup([LocalActor(policy)], [policy.identity()], t, rl.micro_batch_size)
+pg.setup()
+groups = {"rollout": RolloutGroup([LocalActor(rollout)], [rollout.identity()], t),
+          "environment": EnvironmentGroup([LocalActor(w) for w in envs], [w.identity() for w in envs], t,
+                                          source=rl.environment),
+          "reward": RewardGroup([LocalActor(RewardWorker(R.reward, 0, 1))], [("reward", 0)], t), "policy": pg}
+if registry.uses_reference(rl):
+    reference = ReferenceWorker(md, 0, 1, cfg=rl, model_cfg=MODEL)
+    groups["reference"] = ReferenceGroup([LocalActor(reference)], [reference.identity()], t)
+settings = registry.RunSettings(rl=rl, reward=R.reward, placement=R.placement, model=MODEL, start_model_dir=md)
+groups.update(composed.episode_rollout(settings, groups, max_seq_len=MODEL.max_seq_len))
+ep = groups["rollout"]
+sampler = PromptSampler(read_examples(d / "ds", "train"), load_tokenizer(md), prompts_per_step=rl.prompts_per_step,
+                        seed=rl.seed, episode_ids=ep.prompt_ids,
+                        max_prompt_len=MODEL.max_seq_len - rl.episode.max_total_tokens)
+t0 = time.perf_counter()
+history = Controller(rl, groups, sampler, Keep(), checkpointer=None).run(rl.steps)
+rl_s = time.perf_counter() - t0
+p, r = next(policy.model.parameters()), next(rollout.engine.model.parameters())
+low = torch.bfloat16 if CUDA else torch.float32
+assert p.is_cuda == CUDA and p.dtype == torch.float32 and r.is_cuda == CUDA and r.dtype == low, (p.dtype, r.dtype)
+assert dist.get_backend() == ("nccl" if CUDA else "gloo"), dist.get_backend()
+assert len(history) == rl.steps and pg.version == rl.steps
+for m in history:
+    flat = m.flat()
+    assert all(math.isfinite(v) for v in flat.values() if isinstance(v, float)), flat
+    assert flat["env/turns_mean"] >= 1 and "time/environment_s" in flat, flat
+    print("STEP", {k: round(v, 4) if isinstance(v, float) else v for k, v in flat.items() if k in (
+        "step", "reward_mean", "accuracy", "env/turns_mean", "env/tool_calls_mean", "env/tool_errors", "kl",
+        "response_len_mean", "generated_tokens_per_s", "time/rollout_s", "time/environment_s", "step_s")})
+# every episode's tokens kept as sampled, the environment's answers masked out of the loss
+traj = ep.generate(sampler.next_batch(pg.version),
+                   n=2, temperature=1.0, max_new_tokens=rl.max_new_tokens, seed=1)
+assert all(len(i) == len(m) for i, m in zip(traj.response_ids, traj.sampled))
+acc = [m.flat().get("accuracy", m.flat()["reward_mean"]) for m in history]
+print("ACC first3", round(sum(acc[:3]) / 3, 3) if CUDA else acc, "last5", round(sum(acc[-5:]) / 5, 3) if CUDA else "")
+print("CALLS last", history[-1].flat()["env/tool_calls_mean"], "RL_S", round(rl_s, 1))
+if CUDA:  # learning when to call the tool: the sloppy teacher's in-head answers are replaced by calls
+    assert sum(acc[-5:]) / 5 > sum(acc[:3]) / 3 + 0.1, acc
+for w in envs:
+    w.process.shutdown()
+print("RESULT ok", torch.cuda.max_memory_allocated() / 2**20)
+"""
+
 THROUGH_RAY = PREPARE + r"""
 from posttrain.artifacts import ArtifactStore
 from posttrain.config import PlacementConfig, RewardConfig, RLConfig
@@ -210,6 +302,17 @@ def test_lora_rl_steps_with_the_policy_generating_in_process(prepared, device):
     FSDP2 (rl.parallelism), so generation and the reference pass run on the gathered model."""
     out = _run(LORA_IN_POLICY, prepared[device], device)
     print(out[-1500:])
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("device", DEVICES)
+def test_grpo_on_calculator_episodes_in_process(tmp_path, device):
+    """agent_pipeline's RL on one GPU: multi-turn episodes of the calculator task through two environment
+    workers (each a sandboxed tool process) with the real rollout, reward, reference and policy workers; bf16
+    rollouts, fp32 policy on NCCL. On the GPU the full recipe's SFT and 20 steps of 64 x 8 episodes, where the
+    training accuracy must rise; on the CPU the same script for 2 steps after a short SFT."""
+    out = _run(EPISODES, tmp_path, device)
+    print(out[-2500:])
 
 
 @pytest.mark.timeout(900)
