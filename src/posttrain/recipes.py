@@ -35,7 +35,7 @@ from posttrain.config import (
 from posttrain.config.algorithm_defaults import apply_algorithm_defaults, describe_taken, explicit_settings
 from posttrain.config.checks import DENSE
 from posttrain.config.serialize import parse_overrides
-from posttrain.envs.tasks import CALCULATOR
+from posttrain.envs.tasks import CALCULATOR, GUESS_NUMBER
 from posttrain.models.smollm2 import default_dir as smollm2_default_dir
 
 
@@ -142,6 +142,26 @@ def tiny_calculator() -> PipelineConfig:
         sft=replace(base.sft, steps=1000, save_every=250),
         eval=replace(base.eval, max_new_tokens=16, environment=CALCULATOR, episode=episode),
         rl=replace(base.rl, max_new_tokens=16, prompts_per_step=64, environment=CALCULATOR, episode=episode))
+
+
+def tiny_guess_number() -> PipelineConfig:
+    """agent_pipeline on a truly multi-turn game: the embedded tiny model learns to halve the range. The
+    `guess_number` task (posttrain.envs.tasks) plays GuessNumber on 1-32 with at most 7 guesses (binary
+    search's worst case plus one); every demonstrated game starts at 16, then the sloppy guesser
+    (`data.demo_error_rate` 0.6 of the games) steps by one, the careful one halves. SFT imitates the majority
+    after the first answer (greedy: ~13 of the 32 games solved); RL in the environment, rewarded by the verifier
+    on the last guess plus the game's own reward (more for fewer guesses), learns to halve. The eval split is
+    the 32 secrets, each once; the demonstrations repeat by design (`data.dedupe` false)."""
+    base = tiny_cpu()
+    episode = EpisodeConfig(max_turns=7, max_env_tokens=16, max_total_tokens=80)
+    return replace(
+        base, name="tiny_guess_number",
+        data=replace(base.data, task="guess_number", num_examples=4000, eval_size=32, demo_error_rate=0.6,
+                     dedupe=False, tokenizer=TokenizerConfig(vocab_size=512, split_words=False)),
+        model=replace(base.model, max_seq_len=128),
+        sft=replace(base.sft, steps=1000, save_every=250),
+        eval=replace(base.eval, max_new_tokens=6, environment=GUESS_NUMBER, episode=episode),
+        rl=replace(base.rl, max_new_tokens=6, prompts_per_step=64, environment=GUESS_NUMBER, episode=episode))
 
 
 def gpu_single() -> PipelineConfig:
@@ -258,6 +278,7 @@ RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny_cpu_long": tiny_cpu_long,
     "tiny_chain": tiny_chain,
     "tiny_calculator": tiny_calculator,
+    "tiny_guess_number": tiny_guess_number,
     "gpu_single": gpu_single,
     "small_instruct_cpu": small_instruct_cpu,
     "small_instruct_lora_cpu": small_instruct_lora_cpu,

@@ -1,10 +1,13 @@
-"""The built-in environment task `calculator` (posttrain.envs.tasks) and agent_pipeline's plan: the problems are
-distinct and answered right, the sloppy teacher skips the tool only where documented, and a demonstration's
-tokens are exactly the tokens of the episode in which the model samples the demonstration's turns - so SFT
-trains on what RL and evaluation then sample. Data prep makes the task only through the data stage's makers,
-and agent_pipeline refuses a recipe without an environment."""
+"""The built-in environment tasks `calculator` and `guess_number` (posttrain.envs.tasks) and agent_pipeline's
+plan: the problems are distinct and answered right, the sloppy teacher skips the tool (or steps instead of
+halving) only where documented, and a demonstration's tokens are exactly the tokens of the episode in which the
+model samples the demonstration's turns - so SFT trains on what RL and evaluation then sample. Data prep makes
+the tasks only through the data stage's makers (guess_number with its own eval games), and agent_pipeline
+refuses a recipe without an environment."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -14,10 +17,10 @@ from posttrain.data.examples import episode_prompt, prompt_messages, read_exampl
 from posttrain.data.prepare import prepare_dataset
 from posttrain.data.validation import DataValidationError
 from posttrain.data.verifiers import score
-from posttrain.envs.builtin import Calculator, evaluate
+from posttrain.envs.builtin import Calculator, GuessNumber, evaluate
 from posttrain.envs.calls import parse_call
 from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, run_episodes
-from posttrain.envs.tasks import TASKS, calculator, estimate
+from posttrain.envs.tasks import GUESS_TURNS, TASKS, calculator, estimate, guess_game, guess_number
 from posttrain.envs.tools import environment_tools
 from posttrain.models.io import load_tokenizer
 from posttrain.models.tokenizer import train_tokenizer
@@ -114,3 +117,65 @@ def test_agent_pipeline_refuses_a_recipe_without_an_environment():
     resolve("tiny_calculator", plain_eval, workflow="pipeline")  # other workflows allow it
     with pytest.raises(ConfigError, match="data.task"):
         resolve("tiny_cpu", {"data": {"task": "calc"}})
+
+
+def test_guess_number_games_the_careful_and_the_sloppy_guesser():
+    careful = {s: guess_game(s, sloppy=False) for s in range(1, 33)}
+    sloppy = {s: guess_game(s, sloppy=True) for s in range(1, 33)}
+    assert all(g[0] == 16 for g in [*careful.values(), *sloppy.values()])  # the first guess is shared
+    assert all(g[-1] == s for s, g in careful.items()) and max(len(g) for g in careful.values()) == 6
+    assert careful[32] == [16, 24, 28, 30, 31, 32] and careful[1] == [16, 8, 4, 2, 1]
+    assert sloppy[17] == [16, 17] and sloppy[9] == [16, 15, 14, 13, 12, 11, 10]  # 7 guesses, unsolved
+    assert [s for s, g in sloppy.items() if g[-1] == s] == list(range(10, 23))  # 13 of 32 within 7 guesses
+    split = guess_number(2000, 40, seed=0, demo_error_rate=0.6)
+    n_sloppy = 0
+    for ex in split.train:
+        secret, msgs = ex["columns"]["secret"], ex["messages"]
+        guesses = [int(m["content"]) for m in msgs if m["role"] == "assistant"]
+        assert ex["answer"] == str(secret) and guesses in (careful[secret], sloppy[secret])
+        assert ex["columns"] == {"low": 1, "high": 32, "max_turns": GUESS_TURNS, "secret": secret}
+        n_sloppy += guesses != careful[secret]
+        # every guess but a solving one is answered, as the game answers it
+        said = [m["content"] for m in msgs[2::2]]
+        assert said == ["higher" if g < secret else "lower" for g in guesses[:len(said)]]
+    assert 0.5 < n_sloppy / len(split.train) < 0.65  # 0.6 of the games, less those a step solves at once (16)
+    # the eval games: every secret of the range in turn, each opening with the game's first observation
+    assert [ex["columns"]["secret"] for ex in split.eval] == [*range(1, 33), *range(1, 9)]
+    assert all(ex["messages"] == split.train[0]["messages"][:1] for ex in split.eval)
+    assert split.eval[0]["messages"][0]["content"] == GuessNumber().reset(1, 32, 5, GUESS_TURNS)
+
+
+def test_a_guess_number_demonstration_is_the_game_the_model_plays(tmp_path):
+    split = guess_number(300, 32, seed=1, demo_error_rate=0.5)
+    train_tokenizer(_texts(split.train), 300, tmp_path, split_words=False)
+    tok = load_tokenizer(tmp_path)
+    stop = tok.eos_token_id
+    layout = EpisodeLayout.check(tok, [stop])
+    for ex in (next(e for e in split.train if len(e["messages"]) == 2 * GUESS_TURNS),  # an unsolved sloppy game
+               next(e for e in split.train if e["messages"][-1]["content"] == e["answer"] and len(e["messages"]) > 4)):
+        ids, loss_mask = tokenize_for_training(tok, ex["messages"], 10_000)
+        said = [m["content"] for m in ex["messages"] if m["role"] == "assistant"]
+        (ep,) = run_episodes(Script(tok, stop, said), layout, in_process(GuessNumber), [ex["columns"]],
+                             [episode_prompt(ex)], n=1, temperature=1.0, seed=0,
+                             limits=EpisodeLimits(max_turns=GUESS_TURNS, max_new_tokens=6, max_total_tokens=256))
+        # the game's first observation IS the demonstration's user turn: shown once, not appended again
+        assert ep.prompt_ids + ep.response_ids == ids[:-1]
+        sampled_by_sft = [int(m and ids[k - 1] != stop) for k, m in enumerate(loss_mask)]
+        assert ep.sampled == sampled_by_sft[len(ep.prompt_ids):-1]
+        assert ep.finished and ep.turns == len(said) and ep.tool_calls == 0
+        assert score("exact", ep.final_text, ex["answer"]) == float(said[-1] == ex["answer"])
+    # the whole game fits the recipe's episode budget
+    assert len(ep.response_ids) <= resolve("tiny_guess_number").rl.episode.max_total_tokens
+
+
+def test_guess_number_data_prep_and_its_plan(tmp_path):
+    cfg = resolve("tiny_guess_number").data
+    info = prepare_dataset(replace(cfg, num_examples=500), tmp_path / "ds", tasks=TASKS)
+    assert (info.num_train, info.num_eval, info.num_duplicates) == (500, 32, 0) and info.eval_from_files
+    held = read_examples(tmp_path / "ds", "eval")
+    assert sorted(int(ex["answer"]) for ex in held) == list(range(1, 33))
+    assert all(len(ex["messages"]) == 1 and ex["columns"]["secret"] == int(ex["answer"]) for ex in held)
+    with pytest.raises(ConfigError, match="data.dedupe: must be false with data.task guess_number"):
+        resolve("tiny_guess_number", {"data": {"dedupe": True}})
+    cfg = resolve("tiny_guess_number", workflow="agent_pipeline")
+    assert cfg.rl.environment == cfg.eval.environment == "posttrain.envs.builtin:GuessNumber"

@@ -35,16 +35,17 @@ class TokenizerConfig:
     token either way."""
 
 
-BUILTIN_TASKS = ("addition", "chain", "calculator")
-"""The built-in tasks: `addition` and `chain` (posttrain.data.synthetic), `calculator` played with a tool
-(posttrain.envs.tasks)."""
+BUILTIN_TASKS = ("addition", "chain", "calculator", "guess_number")
+"""The built-in tasks: `addition` and `chain` (posttrain.data.synthetic), `calculator` played with a tool and
+`guess_number` played over several turns (posttrain.envs.tasks)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     task: str = "addition"
-    """Built-in task ("addition", "chain", or "calculator": multiplication with a calculator tool, for
-    agent_pipeline), or "" to load `files`."""
+    """Built-in task ("addition", "chain", "calculator": multiplication with a calculator tool, or
+    "guess_number": a guessing game over several turns - the last two for agent_pipeline), or "" to load
+    `files`."""
     files: list[str] = field(default_factory=list)
     """Local data files (jsonl, parquet, csv) or one `save_to_disk` folder; used when `task` is ""."""
     eval_files: list[str] = field(default_factory=list)
@@ -89,11 +90,13 @@ class DataConfig:
     demo_error_rate: float = 0.0
     """addition: the share of SFT demonstrations written by a "sloppy teacher" who drops the carry out of the top
     digit (e.g. 67+58= -> 025 instead of 125); calculator: the share of problems whose first factor starts with
-    5-9 that the teacher answers in its head with a wrong estimate instead of calling the tool. Only the
+    5-9 that the teacher answers in its head with a wrong estimate instead of calling the tool; guess_number: the
+    share of games the sloppy guesser plays by stepping one at a time instead of halving the range. Only the
     demonstration is wrong: the reference answer that the verifier checks stays correct, so RL with the
     verifier can correct what SFT imitated."""
     eval_size: int = 500
-    """Number of held-out examples in the eval split (taken after de-duplication); 0 with `eval_files`."""
+    """Number of held-out examples in the eval split (taken after de-duplication); 0 with `eval_files`;
+    guess_number: the number of eval games, the range's secrets in turn."""
     max_prompt_chars: int = 4096
     """Rows whose prompt is longer than this many characters are rejected with an error."""
     dedupe: bool = True

@@ -49,7 +49,8 @@ class DatasetInfo:
     """Held-out split only: rows left out of train because their prompt turns are an eval problem's (the same
     question with another completion)."""
     eval_from_files: bool
-    """True when the eval split is `data.eval_files` as given, False when it was held out of `data.files`."""
+    """True when the eval split is `data.eval_files` (or a task's own eval problems: TaskSplit) as given, False
+    when it was held out of the examples."""
     require_completions: bool
     """Every train row was required to end with an assistant turn (SFT trains on it)."""
     columns: list[str]
@@ -68,9 +69,19 @@ _REPORT_ONLY = ("rows_per_file", "dropped_sample")
 info.json is part of the dataset's content (its artifact id); stages.data_prep puts them in the manifest."""
 DROPPED_SAMPLE = 5
 _SOURCE = "_source"
-TaskMakers = dict[str, Callable[[DataConfig], list[dict]]]
-"""Built-in tasks by name: each makes its examples from the data settings."""
 """Key of the (file, location) tag a row carries while it is prepared; removed before anything is written."""
+
+
+@dataclass(frozen=True)
+class TaskSplit:
+    """What a task maker returns when its problems cannot be held out by prompt - a game whose games all open
+    the same way (the secret is hidden): its train demonstrations, and its eval problems (episode prompts)."""
+    train: list[dict]
+    eval: list[dict]
+
+
+TaskMakers = dict[str, Callable[[DataConfig], "list[dict] | TaskSplit"]]
+"""Built-in tasks by name: each makes its examples from the data settings (or a TaskSplit)."""
 
 
 def _digest(paths: list[str]) -> str:
@@ -114,7 +125,8 @@ def _load_files(files: list[str], setting: str, cfg: DataConfig, problems: Probl
 
 def load_examples(cfg: DataConfig, *, require_completions: bool, tasks: TaskMakers | None = None
                   ) -> tuple[list[dict], list[dict] | None]:
-    """(train examples, eval examples or None without `data.eval_files`), validated, in source order. Each
+    """(train examples, eval examples or None without `data.eval_files` or a task's own eval problems
+    (TaskSplit)), validated, in source order. Each
     carries a `_SOURCE` tag (file, location) until `_untagged` removes it. `tasks`: built-in tasks beyond
     this package's own (the data stage passes those played in an environment, posttrain.envs.tasks).
 
@@ -124,11 +136,15 @@ def load_examples(cfg: DataConfig, *, require_completions: bool, tasks: TaskMake
         if cfg.task not in makers:
             raise DataValidationError([(f"data.task: {cfg.task!r} is not made here (the built-in tasks made are "
                                         f"{sorted(makers)}); run it through the data stage")])
-        make = (synthetic.PAIR_TASKS if cfg.schema == DataSchema.PREFERENCE else makers)[cfg.task]
-        examples = [{**ex, "columns": ex.get("columns", {})} for ex in make(cfg)]
+        made = (synthetic.PAIR_TASKS if cfg.schema == DataSchema.PREFERENCE else makers)[cfg.task](cfg)
         source = f"task:{cfg.task}"
-        return [{**with_system_prompt(ex, cfg.system_prompt), _SOURCE: (source, f"{source} row {i}")}
-                for i, ex in enumerate(examples, start=1)], None
+
+        def tagged(rows: list[dict], row: str) -> list[dict]:
+            return [{**with_system_prompt({**ex, "columns": ex.get("columns", {})}, cfg.system_prompt),
+                     _SOURCE: (source, f"{source} {row} {i}")} for i, ex in enumerate(rows, start=1)]
+        if isinstance(made, TaskSplit):
+            return tagged(made.train, "train row"), tagged(made.eval, "eval row")
+        return tagged(made, "row"), None
     if require_completions and cfg.schema == DataSchema.PROMPT_ANSWER:
         raise DataValidationError([
             (f"data.schema: {cfg.schema.value!r} rows ({', '.join(cfg.files)}) are prompts without completions, "
@@ -230,21 +246,25 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, require_completions
     dropped_for_eval = 0
     if held is not None:
         if not held:
-            raise DataValidationError([f"data.eval_files: no rows in {', '.join(cfg.eval_files)}"])
+            raise DataValidationError([f"data.eval_files: no rows in {', '.join(cfg.eval_files)}" if cfg.eval_files
+                                       else f"data.eval_size: {where} made no eval problems"])
         eval_ex, train_ex = held, [examples[i] for i in order]
     else:
         eval_ex, train_ex, dropped_for_eval = _hold_out(examples, order, cfg.eval_size, where)
+    rows_per_file, dropped_sample = _row_report(loaded, examples, train_ex, held, eval_ex)
     if cfg.task in (tasks or {}):  # played in an environment: a held-out row is the problem, not the episode
         eval_ex = [{**ex, "messages": episode_prompt(ex)} for ex in eval_ex]
     train_prompts = {dumps(prompt_messages(ex)) for ex in train_ex}
     in_train = sum(dumps(prompt_messages(ex)) in train_prompts for ex in eval_ex)
-    if held is not None or in_train:
+    if held is not None and cfg.task:
+        print(f"data prep: {len(eval_ex)} eval problems of {where} made by the task (its games all open with the "
+              "same prompt, the secret hidden: nothing to hold out by prompt)")
+    elif held is not None or in_train:
         print(f"data prep: {in_train} of {len(eval_ex)} eval rows also occur in the train split (same prompt turns)"
               + (" - held-out scores on them are optimistic" if in_train else ""))
     sources = ([{"path": str(f), "sha256": _digest([f]), "split": "train"} for f in cfg.files]
                + [{"path": str(f), "sha256": _digest([f]), "split": "eval"} for f in cfg.eval_files])
     columns = sorted({c for ex in train_ex + eval_ex for c in ex["columns"]})
-    rows_per_file, dropped_sample = _row_report(loaded, examples, train_ex, held, eval_ex)
     info = DatasetInfo(task=cfg.task or None, schema=cfg.schema.value, num_train=len(train_ex),
                        num_eval=len(eval_ex), num_duplicates=n_before - len(examples), num_eval_in_train=in_train,
                        num_train_dropped_for_eval=dropped_for_eval,

@@ -225,11 +225,13 @@ class EpisodeLayout:
     def prompt_ids(self, messages: list[dict], specs: list[ToolSpec], first_observation: str | None) -> list[int]:
         """The episode's first context: tools in a system turn (merged into the row's own system turn, unless
         that turn already shows exactly these tools - a demonstration written as episodes render them, as the
-        built-in tasks' are), the environment's first observation appended to the last user turn."""
+        built-in tasks' are), the environment's first observation appended to the last user turn (unless that
+        turn already ends with it: guess_number's demonstrations open on the game's own first observation)."""
         msgs = [dict(m) for m in messages]
         if first_observation:
             last = max(i for i, m in enumerate(msgs) if m["role"] == "user")
-            msgs[last]["content"] = f"{msgs[last]['content']}\n\n{first_observation}"
+            if not msgs[last]["content"].endswith(first_observation):
+                msgs[last]["content"] = f"{msgs[last]['content']}\n\n{first_observation}"
         if specs:
             block = tools_block(specs)
             if msgs and msgs[0]["role"] == "system":

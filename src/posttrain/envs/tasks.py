@@ -13,6 +13,17 @@ results as tool-response turns).
   sample calls the tool with probability ~1 - r: the same plateau the `addition` task's sloppy carry gives,
   which RL with the verifier corrects by learning when to use the tool. The reference answer is always the
   true product (verifier "exact").
+- `guess_number`: the `GuessNumber` game on 1-32 (`rl.environment` / `eval.environment`
+  "posttrain.envs.builtin:GuessNumber"): the model guesses, the environment answers "higher" / "lower", for at
+  most 7 guesses - binary search's worst case on 32 numbers (6) plus one. A demonstration opens on the game's
+  own first observation and plays a whole game. Every guesser starts at 16; the careful one then halves the
+  range (solves every game within 6 guesses), the sloppy one (a share `data.demo_error_rate` of the games)
+  steps by one from there (solves only 10-22 within 7). With r > 0.5 SFT's greedy policy steps (~13/32
+  solved) while a sample halves with probability ~1 - r; RL, rewarded by the verifier on the final guess and
+  the game's own reward (more for fewer guesses), learns to halve after the first answer. Every game opens
+  with the same prompt (the secret is hidden), so there is nothing to hold out by prompt: the eval split is
+  the task's own, every secret of the range in turn (`data.eval_size` games), and the demonstrations repeat
+  by design (one per secret and guesser), so the task is refused with `data.dedupe` true.
 
 The examples' prompt for an episode is the turns before the first assistant turn
 (`posttrain.data.examples.episode_prompt`); the rest of each demonstration is what the environment and the
@@ -25,12 +36,19 @@ import random
 from collections.abc import Callable
 
 from posttrain.config import DataConfig
-from posttrain.envs.builtin import Calculator
+from posttrain.data.prepare import TaskSplit
+from posttrain.envs.builtin import Calculator, GuessNumber
 from posttrain.envs.calls import render_call, response_turn, tools_block
 from posttrain.envs.tools import environment_tools
 
 CALCULATOR = "posttrain.envs.builtin:Calculator"
 """The environment the `calculator` task is played in (rl.environment / eval.environment)."""
+GUESS_NUMBER = "posttrain.envs.builtin:GuessNumber"
+"""The environment the `guess_number` task is played in."""
+GUESS_LOW, GUESS_HIGH, GUESS_FIRST = 1, 32, 16
+GUESS_TURNS = 7
+"""guess_number's range, every guesser's first guess, and the guesses a game allows: binary search's worst
+case on the range (6) plus one."""
 
 
 def estimate(a: int, b: int) -> int:
@@ -66,6 +84,45 @@ def calculator(n: int, num_digits: int, seed: int, demo_error_rate: float = 0.0)
     return out
 
 
-TASKS: dict[str, Callable[[DataConfig], list[dict]]] = {
-    "calculator": lambda cfg: calculator(cfg.num_examples, cfg.num_digits, cfg.seed, cfg.demo_error_rate)}
+def guess_game(secret: int, sloppy: bool) -> list[int]:
+    """The guesses of one game: 16 first, then the careful guesser halves the range left and the sloppy one
+    steps by one towards the secret; at most GUESS_TURNS of them, the last the secret where it was found."""
+    lo, hi, guess, guesses = GUESS_LOW, GUESS_HIGH, GUESS_FIRST, []
+    while True:
+        guesses.append(guess)
+        if guess == secret or len(guesses) == GUESS_TURNS:
+            return guesses
+        if guess < secret:
+            lo = guess + 1
+        else:
+            hi = guess - 1
+        guess = (guess + (1 if guess < secret else -1)) if sloppy else (lo + hi) // 2
+
+
+def guess_number(n: int, eval_size: int, seed: int, demo_error_rate: float = 0.0) -> TaskSplit:
+    """`n` demonstrated games with random secrets; the eval games are the secrets of the range in turn."""
+    rng = random.Random(f"guess-number-{seed}")
+    row = {"low": GUESS_LOW, "high": GUESS_HIGH, "max_turns": GUESS_TURNS}
+    opening = [{"role": "user", "content": GuessNumber().reset(secret=GUESS_LOW, **row)}]
+    train = []
+    for _ in range(n):
+        secret = rng.randint(GUESS_LOW, GUESS_HIGH)
+        game = GuessNumber()
+        game.reset(secret=secret, **row)
+        turns = []
+        for guess in guess_game(secret, sloppy=rng.random() < demo_error_rate):
+            turns.append({"role": "assistant", "content": str(guess)})
+            if not game.step(str(guess))["done"]:
+                turns.append({"role": "user", "content": "higher" if guess < secret else "lower"})
+        train.append({"messages": opening + turns, "answer": str(secret), "task": "exact",
+                      "columns": {**row, "secret": secret}})
+    span = GUESS_HIGH - GUESS_LOW + 1
+    held = [{"messages": list(opening), "answer": str(GUESS_LOW + i % span), "task": "exact",
+             "columns": {**row, "secret": GUESS_LOW + i % span}} for i in range(eval_size)]
+    return TaskSplit(train=train, eval=held)
+
+
+TASKS: dict[str, Callable[[DataConfig], list[dict] | TaskSplit]] = {
+    "calculator": lambda cfg: calculator(cfg.num_examples, cfg.num_digits, cfg.seed, cfg.demo_error_rate),
+    "guess_number": lambda cfg: guess_number(cfg.num_examples, cfg.eval_size, cfg.seed, cfg.demo_error_rate)}
 """The built-in environment tasks, by `data.task` name (the data stage adds them to posttrain.data's own)."""

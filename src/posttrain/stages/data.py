@@ -55,7 +55,8 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
             tok_ref = store.put("tokenizer", f"{name}-bpe{cfg.tokenizer.vocab_size}", tok_dir, run_id=run_id,
                                 parents=[ds_ref.id], config=to_dict(cfg.tokenizer))
             store.cache_put(key + "-tokenizer", tok_ref)
-    overlap = (f"{info.num_eval_in_train} eval rows also in train" if info.eval_from_files else
+    overlap = ("the task's own eval problems" if info.eval_from_files and info.task else
+               f"{info.num_eval_in_train} eval rows also in train" if info.eval_from_files else
                f"held out by prompt: {info.num_train_dropped_for_eval} rows with an eval prompt left out of train")
     print(f"data_prep: dataset {ds_ref.short} ({info.num_train} train / {info.num_eval} eval, {overlap})"
           + (f", tokenizer {tok_ref.short}" if tok_ref else ""))
