@@ -139,7 +139,7 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], *
     """The README block: one row per seed, the spread of the RL change, and how to reproduce it."""
     alone = all("rl_greedy_alone" in r for r in rows)
     lines = [("| seed | SFT greedy | SFT sampled | RL greedy | RL sampled | change greedy (95% paired interval) | "
-              "change sampled |" + (" RL greedy without the tool |" if alone else "") + " wall |"),
+              "change sampled |" + (" RL greedy without the environment |" if alone else "") + " wall |"),
              "|---|---|---|---|---|---|---|" + ("---|" if alone else "") + "---|"]
     for r in rows:
         interval = f" ({r['greedy_low']:+.3f} to {r['greedy_high']:+.3f})" if "greedy_low" in r else ""
