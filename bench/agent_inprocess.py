@@ -38,12 +38,6 @@ from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 from posttrain.rl.controller import Controller
 from posttrain.rl.remote import LocalActor
 from posttrain.rl.roles import composed, registry
-from posttrain.rl.roles.environment import EnvironmentGroup, EnvironmentWorker
-from posttrain.rl.roles.policy import PolicyWorker
-from posttrain.rl.roles.policy_group import PolicyGroup
-from posttrain.rl.roles.reference import ReferenceGroup, ReferenceWorker
-from posttrain.rl.roles.reward import RewardGroup, RewardWorker
-from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
 from posttrain.rl.state import PromptSampler
 from posttrain.rl.types import ModelPut
 from posttrain.sft import run_sft
@@ -62,11 +56,30 @@ def _eval(model_dir: Path, ds: Path, cfg, reward, device: str) -> dict:
     return {"greedy": r.greedy_accuracy, "sampled": r.sampled_accuracy, "pass_at_k": r.pass_at_k}
 
 
-def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Path, sft_steps: int | None = None
-             ) -> dict:
+def _groups(settings: registry.RunSettings, work: Path) -> tuple[dict, dict]:
+    """(role -> group, role -> its worker objects): every role the run's settings enable, built as `rl.run`
+    builds them (the registry's worker arguments and group constructors, then the roles the policy serves and
+    the episode rollout), each worker a plain object in this process behind `LocalActor`."""
+    built, ids, objs = {}, {}, {}
+    for name, spec in registry.active_roles(settings).items():
+        n = spec.workers(settings)
+        objs[name] = [spec.worker()(**spec.worker_kwargs(settings, rank, n)) for rank in range(n)]
+        built[name], ids[name] = [LocalActor(w) for w in objs[name]], [w.identity() for w in objs[name]]
+    ctx = registry.GroupContext(settings=settings, ids=ids, timeout_s=settings.rl.remote_timeout_s,
+                                weights_folder=str(work / "weights"))
+    groups = {name: registry.build_group(registry.ROLES[name], hs, ids[name], ctx) for name, hs in built.items()}
+    groups.update(composed.served_by_policy(settings, groups))
+    groups.update(composed.episode_rollout(settings, groups, max_seq_len=settings.model.max_seq_len))
+    return groups, objs
+
+
+def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Path, sft_steps: int | None = None,
+             overrides: dict | None = None) -> dict:
     cuda = device == "cuda"
-    R = recipes.resolve(recipe, {"data": {"seed": seed}, "model": {"init_seed": seed}, "sft": {"seed": seed},
-                                 "rl": {"seed": seed}}, workflow="agent_pipeline")
+    over = {"data": {"seed": seed}, "model": {"init_seed": seed}, "sft": {"seed": seed}, "rl": {"seed": seed}}
+    for section, fields in (overrides or {}).items():
+        over[section] = {**over.get(section, {}), **fields}
+    R = recipes.resolve(recipe, over, workflow="agent_pipeline")
     model = replace(R.model, dtype=DType.BF16 if cuda else R.model.dtype)
     rl = replace(R.rl, steps=rl_steps or R.rl.steps, checkpoint_every=0)
     out, times = {"seed": seed}, {}
@@ -81,23 +94,12 @@ def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Pa
     out["sft"] = _eval(work / "sft", work / "ds", R.eval, R.reward, device)
 
     t0 = time.perf_counter()
-    md, t = str(work / "sft"), rl.remote_timeout_s
-    rollout = RolloutWorker(md, 0, 1, model_cfg=model)
-    policy = PolicyWorker(md, rl, 0, 1, model_cfg=model)
-    envs = [EnvironmentWorker(rl.environment, list(rl.tools), rl.episode, rank, 2) for rank in range(2)]
-    pg = PolicyGroup([LocalActor(policy)], [policy.identity()], t, rl.micro_batch_size)
-    pg.setup()
-    groups = {"rollout": RolloutGroup([LocalActor(rollout)], [rollout.identity()], t),
-              "environment": EnvironmentGroup([LocalActor(w) for w in envs], [w.identity() for w in envs], t,
-                                              source=rl.environment),
-              "reward": RewardGroup([LocalActor(RewardWorker(R.reward, 0, 1))], [("reward", 0)], t,
-                                    weight=R.reward.fn_weight),
-              "policy": pg}
-    if registry.uses_reference(rl):
-        reference = ReferenceWorker(md, 0, 1, cfg=rl, model_cfg=model)
-        groups["reference"] = ReferenceGroup([LocalActor(reference)], [reference.identity()], t)
-    settings = registry.RunSettings(rl=rl, reward=R.reward, placement=R.placement, model=model, start_model_dir=md)
-    groups.update(composed.episode_rollout(settings, groups, max_seq_len=model.max_seq_len))
+    md = str(work / "sft")
+    one = {f: 1 for f in ("policy_workers", "reference_workers", "reward_workers", "teacher_workers")}
+    placement = replace(R.placement, **one, rollout_workers=min(R.placement.rollout_workers, 1), critic_workers=0)
+    settings = registry.RunSettings(rl=rl, reward=R.reward, placement=placement, model=model, start_model_dir=md)
+    groups, workers = _groups(settings, work)  # one rank per SPMD role: one process holds one process group
+    policy = workers["policy"][0]
     sampler = PromptSampler(read_examples(work / "ds", "train"), load_tokenizer(md),
                             prompts_per_step=rl.prompts_per_step, seed=rl.seed, episode_ids=groups["rollout"].prompt_ids,
                             max_prompt_len=model.max_seq_len - rl.episode.max_total_tokens)
@@ -105,10 +107,11 @@ def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Pa
     store = ArtifactStore(work / "store")
     ref_id = policy.save_model(ModelPut(store_root=str(store.root), name="rl", run_id=f"seed{seed}", parents=[],
                                         config={}, metrics={}, extra={}, provenance={"seed": seed}))
-    for w in envs:
+    for w in workers["environment"]:
         w.process.shutdown()
     times["rl_s"] = time.perf_counter() - t0
     rl_dir = store.get(ref_id)
+    out["algorithm"] = rl.algorithm.value
     out["train_accuracy"] = [round(m.accuracy, 3) for m in history]
     out["rl"] = _eval(rl_dir, work / "ds", R.eval, R.reward, device)
     alone = replace(R.eval, environment="", tools=[], episode=EpisodeConfig())
@@ -124,6 +127,8 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--rl-steps", type=int, default=None, help="rl.steps (default: the recipe's)")
     ap.add_argument("--sft-steps", type=int, default=None, help="sft.steps (default: the recipe's)")
+    ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's, e.g. "
+                    "'{\"rl\": {\"algorithm\": \"ppo\"}}'")
     ap.add_argument("--out", default="", help="also write the rows as JSON lines here")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -131,14 +136,15 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix=f"agent-inprocess-{seed}-") as tmp:
-            row = run_seed(args.recipe, seed, args.device, args.rl_steps, Path(tmp), args.sft_steps)
+            row = run_seed(args.recipe, seed, args.device, args.rl_steps, Path(tmp), args.sft_steps,
+                           json.loads(args.overrides))
         rows.append(row)
         print("ROW", json.dumps(row), flush=True)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
     print(f"\n{args.recipe} in-process on {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}"
-          f", torch {torch.__version__}), sft.steps {args.sft_steps or 'recipe'}, rl.steps {args.rl_steps or 'recipe'}")
+          f", torch {torch.__version__}), overrides {args.overrides}, sft.steps {args.sft_steps or 'recipe'}, rl.steps {args.rl_steps or 'recipe'}")
     print("| seed | SFT greedy / sampled | RL greedy / sampled | RL without the environment | SFT s | RL s |")
     print("|---|---|---|---|---|---|")
     for r in rows:
