@@ -41,6 +41,9 @@ test: install
 	# The Deck browser test (tests/integration/test_decks_browser.py) drives Debian's chromium; it skips without it.
 	command -v chromium >/dev/null || (command -v apt-get >/dev/null && apt-get install -y -q chromium) \
 	  || echo "chromium not installed: the browser test will skip"
+	# The python tool's stronger sandbox (tests/unit/test_python_tool.py tests it and the `unshare -n` fallback).
+	command -v bwrap >/dev/null || (command -v apt-get >/dev/null && apt-get install -y -q bubblewrap) \
+	  || echo "bubblewrap not installed: the python tool's tests use unshare -n only"
 	# Each stage runs on two xdist workers (one per core), each process with one torch thread: two threads per
 	# process on two busy cores spin in OpenMP's barriers (the shared fixture's SFT: 0.7 steps/s against 2.6).
 	# Stage 1 forks its SPMD ranks from a warm forkserver (tests/ranks.py) and builds the shared fixture at nice -10.

@@ -18,7 +18,17 @@ from posttrain.envs.python_tool import SandboxUnavailable, isolation, python
 PYTHON = "posttrain.envs.python_tool:python"
 
 
-def test_it_returns_what_the_code_prints_and_why_it_failed():
+@pytest.fixture(params=["bwrap", "unshare"])
+def mode(request, monkeypatch):
+    """Each isolation this machine has (make test installs bubblewrap where apt-get works; `unshare -n` is the
+    fallback), forced in turn."""
+    if shutil.which(request.param) is None:
+        pytest.skip(f"{request.param} is not installed here: the other isolation is tested")
+    monkeypatch.setattr(python_tool, "isolation", lambda: request.param)
+    return request.param
+
+
+def test_it_returns_what_the_code_prints_and_why_it_failed(mode):
     assert python("print(sum(range(10)))") == "45\n"
     out = python("print('before'); raise ValueError('boom')")
     assert out.startswith("before\nerror: exit code 1\nTraceback") and out.endswith("ValueError: boom")
@@ -26,16 +36,17 @@ def test_it_returns_what_the_code_prints_and_why_it_failed():
     assert python("x" * (python_tool.MAX_CODE_CHARS + 1)).startswith("error: the code is")
 
 
-def test_the_code_has_no_network_and_a_scratch_folder_that_is_removed(tmp_path, monkeypatch):
-    assert isolation() in ("bwrap", "unshare")
+def test_the_code_has_no_network_and_a_scratch_folder_that_is_removed(mode, tmp_path, monkeypatch):
     assert python("import socket; print(sorted(n for _, n in socket.if_nameindex()))") == "['lo']\n"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     out = python("open('a.txt', 'w').write('hi'); import os; print(os.listdir('.'), open('a.txt').read())")
     assert out == "['a.txt'] hi\n"  # its own folder: nothing else in it, not even its output files
     assert list(tmp_path.iterdir()) == []  # gone after the call
+    if mode == "bwrap":  # the rest of the file system is read-only to it
+        assert python("open('/etc/posttrain-test', 'w')").endswith("Read-only file system: '/etc/posttrain-test'")
 
 
-def test_time_memory_and_output_limits(monkeypatch):
+def test_time_memory_and_output_limits(mode, monkeypatch):
     monkeypatch.setattr(python_tool, "TIMEOUT_S", 1.0)
     assert python("import time; print(1, flush=True); time.sleep(30)") == \
         "1\nerror: the code ran longer than 1 s and was stopped"
@@ -47,6 +58,7 @@ def test_time_memory_and_output_limits(monkeypatch):
 
 
 def test_through_the_tool_process_as_rl_tools_names_it():
+    assert isolation() == ("bwrap" if shutil.which("bwrap") else "unshare")  # the strongest one that works
     tools = ToolProcess(tools=[PYTHON])
     try:
         (spec,) = tools.specs
