@@ -42,10 +42,10 @@ NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
                                                                  "rlhf_pipeline measures it",
     ".venv/bin/pyflyte run workflows/pipeline.py distill_pipeline": "2,000 distillation steps: "
                                                                     "test_dense_pipelines_e2e.py runs it shortened",
-    ".venv/bin/pyflyte run workflows/pipeline.py agent_pipeline": "SFT and 100 RL steps in the calculator "
-                                                                  "environment (~10 min): "
-                                                                  "test_agent_pipeline_e2e.py runs it with 30 RL "
-                                                                  "steps; bench/default_seeds.py --workflow "
+    ".venv/bin/pyflyte run workflows/pipeline.py agent_pipeline": "2,000 SFT and 100 RL steps in the calculator "
+                                                                  "environment (~15 min): "
+                                                                  "test_agent_pipeline_e2e.py runs it with 1,000 SFT "
+                                                                  "and 30 RL steps; bench/default_seeds.py --workflow "
                                                                   "agent_pipeline measures it over seeds",
     ".venv/bin/pyflyte run workflows/pipeline.py agent_pipeline --recipe tiny_guess_number":
         "SFT and 100 RL steps in the game (~15 min): the calculator's run above covers the workflow; the task's "
