@@ -38,7 +38,6 @@ from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 from posttrain.rl.controller import Controller
 from posttrain.rl.remote import LocalActor
 from posttrain.rl.roles import composed, registry
-from posttrain.rl.state import PromptSampler
 from posttrain.rl.types import ModelPut
 from posttrain.sft import run_sft
 
@@ -67,9 +66,7 @@ def _groups(settings: registry.RunSettings, work: Path) -> tuple[dict, dict]:
         built[name], ids[name] = [LocalActor(w) for w in objs[name]], [w.identity() for w in objs[name]]
     ctx = registry.GroupContext(settings=settings, ids=ids, timeout_s=settings.rl.remote_timeout_s,
                                 weights_folder=str(work / "weights"))
-    groups = {name: registry.build_group(registry.ROLES[name], hs, ids[name], ctx) for name, hs in built.items()}
-    groups.update(composed.served_by_policy(settings, groups))
-    groups.update(composed.episode_rollout(settings, groups, max_seq_len=settings.model.max_seq_len))
+    groups = composed.run_groups(ctx, built, settings.model.max_seq_len)
     return groups, objs
 
 
@@ -100,9 +97,8 @@ def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Pa
     settings = registry.RunSettings(rl=rl, reward=R.reward, placement=placement, model=model, start_model_dir=md)
     groups, workers = _groups(settings, work)  # one rank per SPMD role: one process holds one process group
     policy = workers["policy"][0]
-    sampler = PromptSampler(read_examples(work / "ds", "train"), load_tokenizer(md),
-                            prompts_per_step=rl.prompts_per_step, seed=rl.seed, episode_ids=groups["rollout"].prompt_ids,
-                            max_prompt_len=model.max_seq_len - rl.episode.max_total_tokens)
+    sampler = composed.prompt_sampler(read_examples(work / "ds", "train"), load_tokenizer(md), rl, groups["rollout"],
+                                      model.max_seq_len)
     history = Controller(rl, groups, sampler, _Quiet(), checkpointer=None).run(rl.steps)
     store = ArtifactStore(work / "store")
     ref_id = policy.save_model(ModelPut(store_root=str(store.root), name="rl", run_id=f"seed{seed}", parents=[],

@@ -182,7 +182,6 @@ from posttrain.rl.roles.policy_group import PolicyGroup
 from posttrain.rl.roles.reference import ReferenceGroup, ReferenceWorker
 from posttrain.rl.roles.reward import RewardGroup, RewardWorker
 from posttrain.rl.roles.rollout import RolloutGroup, RolloutWorker
-from posttrain.rl.state import PromptSampler
 from posttrain.sft import run_sft
 from posttrain.config import DType
 
@@ -220,9 +219,7 @@ if registry.uses_reference(rl):
 settings = registry.RunSettings(rl=rl, reward=R.reward, placement=R.placement, model=MODEL, start_model_dir=md)
 groups.update(composed.episode_rollout(settings, groups, max_seq_len=MODEL.max_seq_len))
 ep = groups["rollout"]
-sampler = PromptSampler(read_examples(d / "ds", "train"), load_tokenizer(md), prompts_per_step=rl.prompts_per_step,
-                        seed=rl.seed, episode_ids=ep.prompt_ids,
-                        max_prompt_len=MODEL.max_seq_len - rl.episode.max_total_tokens)
+sampler = composed.prompt_sampler(read_examples(d / "ds", "train"), load_tokenizer(md), rl, ep, MODEL.max_seq_len)
 t0 = time.perf_counter()
 history = Controller(rl, groups, sampler, Keep(), checkpointer=None).run(rl.steps)
 rl_s = time.perf_counter() - t0

@@ -106,23 +106,16 @@ class ControllerActor:
         from posttrain.rl.controller import Controller
         from posttrain.rl.metrics import RLTracker
         from posttrain.rl.remote import gather
-        from posttrain.rl.roles.episode_rollout import EpisodeRollout
-        from posttrain.rl.state import Checkpointer, PromptSampler, reward_identity
+        from posttrain.rl.state import Checkpointer, reward_identity
 
         cfg, t = spec.rl_cfg, spec.rl_cfg.remote_timeout_s
         ids = {role: gather([h.identity.remote() for h in hs], [f"{role}[{i}]" for i in range(len(hs))],
                             stage=f"{role}.start", timeout_s=t) for role, hs in handles.items()}
         ctx = registry.GroupContext(settings=spec.settings(), ids=ids, timeout_s=t, weights_folder=spec.weights_folder)
-        groups = {role: registry.build_group(registry.ROLES[role], hs, ids[role], ctx) for role, hs in handles.items()}
-        groups.update(composed.served_by_policy(ctx.settings, groups))
-        groups.update(composed.episode_rollout(ctx.settings, groups, spec.max_seq_len))
+        groups = composed.run_groups(ctx, handles, spec.max_seq_len)
         examples = read_examples(spec.dataset_dir, "train")
-        rollout = groups["rollout"]  # an episode's response holds its turns and the environment's answers
-        episodes = isinstance(rollout, EpisodeRollout)  # rows measured as episodes open; responses hold every turn
-        sampler = PromptSampler(examples, load_tokenizer(spec.start_model_dir), prompts_per_step=cfg.prompts_per_step,
-                                seed=cfg.seed, episode_ids=rollout.prompt_ids if episodes else None,
-                                max_prompt_len=spec.max_seq_len - (cfg.episode.max_total_tokens if episodes
-                                                                   else cfg.max_new_tokens))
+        sampler = composed.prompt_sampler(examples, load_tokenizer(spec.start_model_dir), cfg, groups["rollout"],
+                                          spec.max_seq_len)
         lora = spec.model_cfg.lora if spec.model_cfg is not None else None  # the checkpoints are adapters
         config = {"rl": to_dict(cfg), "reward": to_dict(spec.reward_cfg), "placement": to_dict(spec.placement_cfg),
                   "max_seq_len": spec.max_seq_len, **({"lora": to_dict(lora)} if lora else {})}

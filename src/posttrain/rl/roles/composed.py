@@ -7,7 +7,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.rl.roles import registry
 from posttrain.rl.roles.registry import RunSettings, policy_generates, uses_episodes, uses_lora, uses_reference
+
+
+def run_groups(ctx: registry.GroupContext, handles: dict[str, list], max_seq_len: int) -> dict[str, Any]:
+    """Every role's group around its started workers (`handles`: Ray actors, or `LocalActor`s in one process),
+    then the roles the policy serves and the episode rollout, in that order: what a run's controller drives."""
+    groups = {role: registry.build_group(registry.ROLES[role], hs, ctx.ids[role], ctx) for role, hs in handles.items()}
+    groups.update(served_by_policy(ctx.settings, groups))
+    groups.update(episode_rollout(ctx.settings, groups, max_seq_len))
+    return groups
+
+
+def prompt_sampler(examples: list[dict], tokenizer, rl, rollout: Any, max_seq_len: int):
+    """The run's PromptSampler: rows measured as their episodes open when `rollout` plays episodes (an episode's
+    response holds every turn and the environment's answers: rl.episode.max_total_tokens), else as plain prompts
+    (rl.max_new_tokens)."""
+    from posttrain.rl.roles.episode_rollout import EpisodeRollout
+    from posttrain.rl.state import PromptSampler
+
+    episodes = isinstance(rollout, EpisodeRollout)
+    return PromptSampler(examples, tokenizer, prompts_per_step=rl.prompts_per_step, seed=rl.seed,
+                         episode_ids=rollout.prompt_ids if episodes else None,
+                         max_prompt_len=max_seq_len - (rl.episode.max_total_tokens if episodes else rl.max_new_tokens))
 
 
 def served_by_policy(s: RunSettings, groups: dict[str, Any]) -> dict[str, Any]:
