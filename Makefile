@@ -17,7 +17,8 @@ export HF_HUB_OFFLINE := 1
 export PYTHONDONTWRITEBYTECODE :=
 PIP    := -m pip install -q --no-compile
 
-.PHONY: install run test lint bench clean real-model install-vllm run-vllm test-vllm lock-vllm
+.PHONY: install run test lint bench clean real-model install-vllm run-vllm test-vllm lock-vllm install-openenv \
+	test-openenv lock-openenv
 
 install: $(STAMP)
 
@@ -62,6 +63,8 @@ test: install
 	# The vLLM engine's tests run in the optional extra's own environment (installed here: ~2-4 min; installing it
 	# in the background beside stage 1 was measured to slow stage 1 by as much: 17:20 -> 20:42).
 	$(MAKE) test-vllm
+	# The OpenEnv adapter's tests, in the optional extra's own environment (~1.5 min to install).
+	$(MAKE) test-openenv
 
 lint: install
 	$(BIN)/ruff check src tasks workflows images rehearsal tests bench
@@ -127,4 +130,46 @@ real-model: install
 	$(BIN)/python -m posttrain.models.smollm2
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OE_VENV) .pytest_cache
+
+# Optional: OpenEnv environments (rl.environment naming an openenv-core Environment), in their own environment
+# .venv-openenv - never part of `make install`. openenv-core adds ~50 packages (fastapi, gradio, fastmcp, mcp,
+# openai) and moves pillow and certifi, so it gets its own exact set, requirements-openenv.lock (`make
+# lock-openenv` regenerates it), installed with --no-deps like the vLLM one.
+OPENENV_VERSION := 0.3.0
+OE_VENV  := .venv-openenv
+OE_BIN   := $(OE_VENV)/bin
+OE_PINS  := $(shell cat requirements-openenv.lock pyproject.toml | sha256sum | cut -c1-16)
+OE_STAMP := $(OE_VENV)/.installed-$(OE_PINS)
+
+install-openenv: $(OE_STAMP)
+
+$(OE_STAMP):
+	@test -x $(OE_BIN)/python || $(PYTHON) -m venv $(OE_VENV)
+	$(OE_BIN)/python $(PIP) --upgrade pip
+	# torch first, with the exact pin: the local CPU wheel (any other spec downloads GBs of CUDA).
+	$(OE_BIN)/python $(PIP) torch==2.13.0
+	$(OE_BIN)/python $(PIP) --no-deps -r requirements-openenv.lock
+	$(OE_BIN)/python $(PIP) --no-deps -e .
+	$(OE_BIN)/python -m pip check
+	# Compile what the tests import once here (openenv-core's server stack: fastapi, gradio, fastmcp).
+	$(OE_BIN)/python -c "import openenv.core.env_server.mcp_environment, fastmcp, posttrain.envs.process, posttrain.rl.roles.rollout"
+	@rm -f $(OE_VENV)/.installed-*
+	@touch $(OE_STAMP)
+
+# The OpenEnv adapter's tests (marked `openenv`; elsewhere they are skipped).
+test-openenv: install-openenv
+	OMP_NUM_THREADS=1 $(OE_BIN)/pytest -m openenv -q -ra
+
+# Resolve requirements.lock + openenv-core afresh in a throwaway venv and write the exact set it installed.
+lock-openenv:
+	rm -rf .venv-openenv-lock && $(PYTHON) -m venv .venv-openenv-lock
+	.venv-openenv-lock/bin/python -m pip install -q --upgrade pip
+	.venv-openenv-lock/bin/python -m pip install -q torch==2.13.0
+	.venv-openenv-lock/bin/python -m pip install -q -r requirements.lock
+	.venv-openenv-lock/bin/python -m pip install -q openenv-core==$(OPENENV_VERSION)
+	{ echo "# requirements.lock + openenv-core==$(OPENENV_VERSION) (the optional extra posttrain[openenv]), resolved and"; \
+	  echo "# frozen by make lock-openenv; installed with --no-deps by make install-openenv. It moves pillow and certifi"; \
+	  echo "# (gradio's pins), hence its own environment rather than the base one."; \
+	  .venv-openenv-lock/bin/python -m pip freeze --all --exclude-editable | grep -v '^pip=='; } > requirements-openenv.lock
+	rm -rf .venv-openenv-lock

@@ -3,4 +3,4 @@ callables and their JSON schemas), how the model calls one (`calls`: the tool-ca
 environment lives (`host`: one instance per episode, built from its row) and the process that runs it
 (`process`: per-call limits, failures the model reads, replacement with replay), the token-exact episode loop
 (`episodes`), what the RL stage checks before any actor starts (`plan`), plus the built-in environments
-(`builtin`: Calculator, GuessNumber)."""
+(`builtin`: Calculator, GuessNumber) and the adapter that runs OpenEnv environments unchanged (`openenv`)."""

@@ -12,6 +12,9 @@ The environment convention (TRL's `environment_factory`, OpenEnv's reset/step):
 
 `step` returns the observation, or {"observation": str, "reward": float, "done": bool} to give a per-turn
 reward or end the episode. Plain tool functions (`rl.tools`) are the simple case: a host without a class.
+An OpenEnv environment (a subclass of openenv-core's `Environment`) runs unchanged through its adapter
+(`posttrain.envs.openenv.as_environment`, applied where the class is imported), which gives the host its tools'
+schemas as `_posttrain_specs`.
 
 A tool's result is text for the model: a str as is; a number, bool, None, list or dict as JSON; bytes only if
 they are UTF-8. Anything else, and every exception a tool raises, is a `ToolFailure` whose message the model
@@ -47,8 +50,8 @@ class StepResult:
 
 
 def as_text(value: Any) -> str | ToolFailure:
-    """A tool's return value as the text the model reads."""
-    if isinstance(value, str):
+    """A tool's return value as the text the model reads (a ToolFailure an adapter returned stays one)."""
+    if isinstance(value, (str, ToolFailure)):
         return value
     if isinstance(value, bytes):
         try:
@@ -69,7 +72,7 @@ def _reward(value: Any, where: str) -> float:
     return float(value)
 
 
-def _named(fn: Callable, row: dict) -> dict:
+def named_fields(fn: Callable, row: dict) -> dict:
     """The row's fields `fn` names (all of them when it takes **kwargs), as reward functions get theirs."""
     params = inspect.signature(fn).parameters.values()
     if any(p.kind == p.VAR_KEYWORD for p in params):
@@ -85,8 +88,9 @@ class EnvironmentHost:
         if env_cls is None and not tools:
             raise ToolError("an episode needs an environment class (rl.environment) or tools (rl.tools)")
         self.env_cls, self.tools = env_cls, {getattr(t, "__name__", str(t)): t for t in tools}
-        self.specs: list[ToolSpec] = ((environment_tools(env_cls) if env_cls is not None else [])
-                                      + tool_specs(list(tools)))
+        own = getattr(env_cls, "_posttrain_specs", None)  # an adapter's tools (OpenEnv's MCP tools, its Action)
+        self.specs: list[ToolSpec] = ((own if own is not None else environment_tools(env_cls) if env_cls is not None
+                                       else []) + tool_specs(list(tools)))
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise ToolError(f"rl.environment and rl.tools both define a tool named "
@@ -102,7 +106,7 @@ class EnvironmentHost:
             self._episodes[key] = None
             return None
         env = self.env_cls()
-        obs = env.reset(**_named(env.reset, row)) if callable(getattr(env, "reset", None)) else None
+        obs = env.reset(**named_fields(env.reset, row)) if callable(getattr(env, "reset", None)) else None
         self._episodes[key] = env
         if obs is not None and not isinstance(obs, str):
             raise ValueError(f"{self.env_cls.__qualname__}.reset returned a {type(obs).__name__}, not a str or None")

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 
 from posttrain.envs.host import EnvironmentHost, StepResult, ToolFailure
+from posttrain.envs.openenv import as_environment
 from posttrain.envs.tools import ToolError, ToolSpec
 from posttrain.rewards.sandbox import Child
 
@@ -76,7 +77,7 @@ def _serve(conn, environment: str, tools: list[str], python_path: list[str], lim
     try:
         env_cls = import_by_path(environment, "rl.environment", ToolError) if environment else None
         fns = [import_by_path(t, "rl.tools", ToolError) for t in tools]
-        host = EnvironmentHost(env_cls, fns)
+        host = EnvironmentHost(as_environment(env_cls) if env_cls is not None else None, fns)
         identity = {p: source_sha256(o) for p, o in zip([environment, *tools], [env_cls, *fns]) if p}
     except BaseException as e:  # noqa: BLE001 - anything at import time is reported to the parent
         conn.send_bytes(json.dumps({"status": "error", "error": str(e) if isinstance(e, ToolError)
