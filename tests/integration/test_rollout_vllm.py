@@ -219,6 +219,59 @@ def test_eval_backend_vllm_scores_like_transformers(tiny_dir, tmp_path):
     assert b.pass_at_k is not None and b.mean_response_tokens > 0
 
 
+@pytest.mark.timeout(900)
+def test_multi_turn_episodes_on_vllm_are_token_exact(tiny_sft_model):
+    """Episodes with the retry game (a wrong answer is told "no" and tried again) on the shared tiny SFT model:
+    vLLM's greedy episodes are the transformers engine's, token for token and mask for mask, over several
+    turns; its sampled episodes' log-probs at every sampled token are the policy's teacher-forced ones over the
+    whole episode (the environment's tokens in the context, not sampled: log-prob 0). Then eval.backend vllm
+    with eval.environment scores the same episodes as the transformers backend."""
+    from dataclasses import replace
+
+    from posttrain.config import EpisodeConfig, EvalConfig, RolloutBackend
+    from posttrain.envs.episodes import EpisodeLayout, EpisodeLimits, LocalEnv, run_episodes
+    from posttrain.envs.host import EnvironmentHost
+    from posttrain.eval import evaluate
+    from posttrain.models.head_logprobs import sequence_logprobs
+    from posttrain.rl.roles.rollout import TransformersEngine
+    from posttrain.rl.roles.rollout_vllm import VLLMEngine
+    from tests.integration.retry_env import Retry
+
+    model_dir = str(tiny_sft_model["model_dir"])
+    hf, vl = TransformersEngine(model_dir, device="cpu"), VLLMEngine(model_dir)
+    layout = EpisodeLayout.check(vl.tokenizer, vl.eos_ids)
+    rows = [{"answer": a} for a in ("46", "none", "never", "47")]  # the model answers 46: right once, then told "no"
+    messages = [[{"role": "user", "content": "12+34="}]] * len(rows)
+    limits = EpisodeLimits(max_turns=3, max_new_tokens=12, max_total_tokens=100)
+
+    def episodes(engine, n, temperature, seed):
+        return run_episodes(engine, layout, LocalEnv(EnvironmentHost(Retry)), rows, messages, n=n, limits=limits,
+                            temperature=temperature, seed=seed)
+
+    a, b = episodes(hf, 1, 0.0, 0), episodes(vl, 1, 0.0, 0)
+    assert [e.response_ids for e in b] == [e.response_ids for e in a] and [e.sampled for e in b] == [e.sampled for e in a]
+    assert [e.transcript for e in b] == [e.transcript for e in a] and max(e.turns for e in b) >= 2
+    sampled = episodes(vl, 2, 1.0, 3)
+    multi = [e for e in sampled if 0 in e.sampled]
+    assert multi, [e.transcript for e in sampled]  # some episodes took several turns, the game's tokens between
+    ref = sequence_logprobs(hf.model, [e.prompt_ids for e in sampled], [e.response_ids for e in sampled],
+                            temperature=1.0, pad_id=hf.tokenizer.pad_token_id)
+    diffs = [abs(lp - float(r[t])) for e, r in zip(sampled, ref)
+             for t, (lp, s) in enumerate(zip(e.logprobs, e.sampled)) if s]
+    assert all(lp == 0.0 for e in sampled for lp, s in zip(e.logprobs, e.sampled) if not s)
+    print(f"vLLM episodes: {len(sampled)}, {len(multi)} over several turns; {len(diffs)} sampled tokens, "
+          f"max |logprob - teacher-forced| {max(diffs):.2e}")
+    assert max(diffs) < LOGPROB_ATOL
+
+    data = tiny_sft_model["dataset_dir"]
+    cfg = EvalConfig(num_problems=16, k=0, max_new_tokens=8, environment="tests.integration.retry_env:Retry",
+                     episode=EpisodeConfig(max_turns=3, max_total_tokens=60))
+    plain, fast = evaluate(model_dir, data, cfg), evaluate(model_dir, data, replace(cfg, backend=RolloutBackend.VLLM))
+    assert [p["episode"] for p in fast.problems] == [p["episode"] for p in plain.problems]
+    assert fast.greedy_accuracy == plain.greedy_accuracy and fast.episodes == plain.episodes
+    assert plain.episodes["turns_mean"] > 1
+
+
 @pytest.mark.real_model
 @pytest.mark.timeout(600)
 def test_greedy_matches_transformers_on_smollm2(smollm2_dir):

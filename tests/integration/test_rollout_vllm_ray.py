@@ -129,3 +129,29 @@ def test_lora_policy_hands_vllm_its_merged_weights_every_step(ray_local, tiny, t
         assert m.generated_tokens > 0 and m.drift < RL.drift_threshold and m.reward_failures == 0
     store = ArtifactStore(tmp_path / "store")
     assert (store.get(res.model) / "adapter_model.safetensors").exists()
+
+
+@pytest.mark.timeout(900)
+def test_grpo_on_multi_turn_episodes_with_vllm_rollouts(ray_local, tiny_sft_model, tmp_path):
+    """rl.environment with vLLM rollouts: the shared tiny SFT model plays the retry game (a wrong answer is told
+    "no" and tried again) on its own data; every turn is sampled by the vLLM engines from the episode's exact ids,
+    and the drift gate - the policy's teacher-forced log-probs of whole episodes against vLLM's, at the sampled
+    tokens only - passes every step."""
+    from dataclasses import replace
+
+    from posttrain.config import EpisodeConfig
+    from posttrain.recipes import tiny_cpu
+
+    sft = {"model_dir": tiny_sft_model["model_dir"], "dataset_dir": tiny_sft_model["dataset_dir"],
+           "max_seq_len": tiny_cpu().model.max_seq_len}
+    cfg = replace(RL, environment="retry_env:Retry", lr=1e-4,
+                  episode=EpisodeConfig(python_path=[str(REPO / "tests" / "integration")], max_turns=3,
+                                        max_total_tokens=20))  # the prompt and the episode share max_seq_len 32
+    res = _run(tmp_path, sft, rl=cfg)
+    assert [m.policy_version for m in res.history] == [1, 2]
+    for m in res.history:
+        flat = m.flat()
+        print(f"step {m.policy_version}: turns/episode {flat['env/turns_mean']:.2f}, drift {m.drift:.2e}")
+        assert flat["env/turns_mean"] > 1 and m.drift < cfg.drift_threshold and m.generated_tokens > 0, flat
+        assert m.reward_failures == 0
+

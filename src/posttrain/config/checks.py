@@ -199,9 +199,6 @@ def _check_eval(e: EvalConfig, m: ModelConfig) -> None:
     _check(e.batch_size >= 1, "eval.batch_size", "must be >= 1")
     _check(e.backend != RolloutBackend.VLLM or check_base.vllm_installed(), "eval.backend", _NO_VLLM)
     _check_episode_settings("eval", e.environment, e.tools, e.episode, e.max_new_tokens, m)
-    _check(e.backend == RolloutBackend.TRANSFORMERS or not (e.environment or e.tools), "eval.backend",
-           "must be 'transformers' with eval.environment or eval.tools: episodes are evaluated on the transformers "
-           "engine (vLLM's turn-by-turn episodes are not yet tested)")
 
 
 def _check_tracking(t: TrackingConfig) -> None:

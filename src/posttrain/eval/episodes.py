@@ -1,7 +1,8 @@
 """Evaluation in an environment (eval.environment / eval.tools): each held-out problem is a multi-turn episode
 run by the same loop as RL's (posttrain.envs.episodes.run_episodes: token-exact, the model's own template),
-against the user's environment and tools in their sandboxed tool process (posttrain.envs.process) - greedy
-(one episode per problem) and, with eval.k > 0, k sampled ones. What is scored is each episode's last sampled
+against the user's environment and tools in their sandboxed tool process (posttrain.envs.process), on the
+engine eval.backend names (transformers or vLLM) - greedy (one episode per problem) and, with eval.k > 0, k
+sampled ones. What is scored is each episode's last sampled
 turn (`Episode.final_text`), by the verifier or reward.fn, exactly as a single completion is.
 
     greedy, sampled, seconds, tools = run_eval_episodes(model_dir, tok, cfg, problems)
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from posttrain.config import EvalConfig
+from posttrain.config import EvalConfig, RolloutBackend
 from posttrain.data.examples import episode_prompt
 from posttrain.envs.episodes import Episode, LocalEnv, run_episodes
 from posttrain.envs.plan import checked_layout, episode_limits, episode_process, episode_row
@@ -35,13 +36,23 @@ class _Sampler:
                         top_k=top_k)
 
 
+def _sampler(model_dir: str | Path, tok, cfg: EvalConfig, device: str):
+    """The engine `eval.backend` names: the transformers model, or the vLLM rollout engine (the same contract:
+    token ids in and out, every EOS id kept as the last token, the sampled distribution's log-probs)."""
+    if cfg.backend == RolloutBackend.VLLM:
+        from posttrain.rl.roles.rollout_vllm import VLLMEngine
+
+        return VLLMEngine(str(model_dir))
+    return _Sampler(model_dir, tok, cfg.batch_size, device)
+
+
 def run_eval_episodes(model_dir: str | Path, tok, cfg: EvalConfig, problems: list[dict], device: str = "cpu"
                       ) -> tuple[list[Episode], list[Episode], float, list[str]]:
     """(greedy episodes, one per problem; sampled episodes, k per problem in problem order, [] when k == 0;
     seconds the episodes took - not the model's loading or the tool process's start; the names of the tools
     the model was shown - the environment's and eval.tools')."""
     layout = checked_layout(str(model_dir))
-    sampler = _Sampler(model_dir, tok, cfg.batch_size, device)
+    sampler = _sampler(model_dir, tok, cfg, device)
     limits = episode_limits(cfg.episode, cfg.max_new_tokens)
     rows = [episode_row(ex.get("columns"), ex.get("answer")) for ex in problems]
     messages = [episode_prompt(ex) for ex in problems]

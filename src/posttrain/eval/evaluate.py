@@ -15,7 +15,7 @@ Engine (`eval.backend`): posttrain.models.generate on the transformers model, or
 (posttrain.rl.roles.rollout_vllm; same stop ids, sampling and seeds contract).
 
 In an environment (eval.environment / eval.tools; posttrain.eval.episodes): each problem is a multi-turn
-episode (transformers engine), its last sampled turn is what is scored, response tokens count the model's own
+episode (on either engine), its last sampled turn is what is scored, response tokens count the model's own
 only, the report's `episodes` says what happened and every problem keeps its greedy episode turn by turn.
 """
 

@@ -68,13 +68,18 @@ class PromptSampler:
         self._prompt = episode_prompt if episode_ids else prompt_messages
         encode = episode_ids or (lambda messages: encode_prompt(tokenizer, messages))
         encoded = [(i, encode(self._prompt(ex))) for i, ex in enumerate(examples)]
+        if not encoded:
+            raise ValueError("prompt sampler: the train split has no prompts")
         if max_prompt_len is not None:  # leave room for the response within the model's max_seq_len
             kept = [(i, p) for i, p in encoded if len(p) <= max_prompt_len]
+            if not kept:
+                raise ValueError(f"prompt sampler: none of the {len(encoded)} train prompts (the shortest "
+                                 f"{min(len(p) for _, p in encoded)} tokens) fits in the {max_prompt_len} tokens that "
+                                 "model.max_seq_len leaves after the response's room (rl.max_new_tokens; with "
+                                 "episodes rl.episode.max_total_tokens)")
             if len(kept) < len(encoded):
                 print(f"prompt sampler: dropped {len(encoded) - len(kept)} prompts longer than {max_prompt_len} tokens")
             encoded = kept
-        if not encoded:
-            raise ValueError("prompt sampler: no usable prompts in the train split")
         self.examples = examples
         self.rows = [i for i, _ in encoded]
         """Usable example ids (rows of the train split); the permutation runs over these."""

@@ -39,7 +39,8 @@ class PolicyGroup(SPMDGroup):
         super().__init__(workers, ids, timeout_s)
         self.mb, self.mini_batches, self.seed = micro_batch_size, mini_batches, seed
         self.generates = generates
-        self.shared_folder, self.transport = None, "Ray's object store (rollout workers are not on policy rank 0's node)"
+        self.shared_folder = None
+        self.transport = "Ray's object store (no folder on policy rank 0's node that the rollout workers share)"
         if generates:
             self.transport = "none: the policy ranks generate (placement.rollout_workers 0)"
         elif shared_folder:  # is there room on rank 0's node? (a pod's /dev/shm may be 64 MiB)
