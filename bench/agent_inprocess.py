@@ -70,16 +70,21 @@ def _groups(settings: registry.RunSettings, work: Path) -> tuple[dict, dict]:
     return groups, objs
 
 
-def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Path, sft_steps: int | None = None,
-             overrides: dict | None = None) -> dict:
-    cuda = device == "cuda"
+def _resolve(recipe: str, seed: int, overrides: dict | None, algorithm: str | None = None):
     over = {"data": {"seed": seed}, "model": {"init_seed": seed}, "sft": {"seed": seed}, "rl": {"seed": seed}}
     for section, fields in (overrides or {}).items():
         over[section] = {**over.get(section, {}), **fields}
-    R = recipes.resolve(recipe, over, workflow="agent_pipeline")
+    if algorithm:
+        over["rl"] = {**over["rl"], "algorithm": algorithm}
+    return recipes.resolve(recipe, over, workflow="agent_pipeline")
+
+
+def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Path, sft_steps: int | None = None,
+             overrides: dict | None = None, algorithms: list[str | None] = (None,)) -> list[dict]:
+    """One row per algorithm (None: the recipe's), each RL run from the same SFT model of this seed."""
+    cuda = device == "cuda"
+    R = _resolve(recipe, seed, overrides)
     model = replace(R.model, dtype=DType.BF16 if cuda else R.model.dtype)
-    rl = replace(R.rl, steps=rl_steps or R.rl.steps, checkpoint_every=0)
-    out, times = {"seed": seed}, {}
     t0 = time.perf_counter()
     prepare_dataset(R.data, work / "ds", tasks=TASKS)
     train_tokenizer(tokenizer_training_texts(work / "ds"), R.data.tokenizer.vocab_size, work / "tok",
@@ -87,18 +92,25 @@ def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Pa
     run_sft(model_cfg=model, sft_cfg=replace(R.sft, steps=sft_steps or R.sft.steps, nproc=1, backend=Backend.AUTO, save_every=0),
             tracking_cfg=TrackingConfig(wandb=False, log_every=500), dataset_dir=work / "ds",
             tokenizer_dir=work / "tok", base_model_dir=None, out_dir=work / "sft", state_dir=work / "sft-state")
-    times["sft_s"] = time.perf_counter() - t0
-    out["sft"] = _eval(work / "sft", work / "ds", R.eval, R.reward, device)
+    sft_s = time.perf_counter() - t0
+    sft = _eval(work / "sft", work / "ds", R.eval, R.reward, device)
+    return [_rl_row(_resolve(recipe, seed, overrides, a), seed, model, rl_steps, work / f"rl-{a or 'recipe'}",
+                    work, sft, sft_s, device) for a in algorithms]
 
+
+def _rl_row(R, seed: int, model, rl_steps: int | None, work: Path, sft_work: Path, sft: dict, sft_s: float,
+            device: str) -> dict:
+    out, times = {"seed": seed, "sft": sft}, {"sft_s": sft_s}
+    rl = replace(R.rl, steps=rl_steps or R.rl.steps, checkpoint_every=0)
     t0 = time.perf_counter()
-    md = str(work / "sft")
+    md = str(sft_work / "sft")
     one = {f: 1 for f in ("policy_workers", "reference_workers", "reward_workers", "teacher_workers")}
     placement = replace(R.placement, **one, rollout_workers=min(R.placement.rollout_workers, 1), critic_workers=0)
     settings = registry.RunSettings(rl=rl, reward=R.reward, placement=placement, model=model, start_model_dir=md)
     groups, workers = _groups(settings, work)  # one rank per SPMD role: one process holds one process group
     policy = workers["policy"][0]
-    sampler = composed.prompt_sampler(read_examples(work / "ds", "train"), load_tokenizer(md), rl, groups["rollout"],
-                                      model.max_seq_len)
+    sampler = composed.prompt_sampler(read_examples(sft_work / "ds", "train"), load_tokenizer(md), rl,
+                                      groups["rollout"], model.max_seq_len)
     history = Controller(rl, groups, sampler, _Quiet(), checkpointer=None).run(rl.steps)
     store = ArtifactStore(work / "store")
     ref_id = policy.save_model(ModelPut(store_root=str(store.root), name="rl", run_id=f"seed{seed}", parents=[],
@@ -109,9 +121,9 @@ def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Pa
     rl_dir = store.get(ref_id)
     out["algorithm"] = rl.algorithm.value
     out["train_accuracy"] = [round(m.accuracy, 3) for m in history]
-    out["rl"] = _eval(rl_dir, work / "ds", R.eval, R.reward, device)
+    out["rl"] = _eval(rl_dir, sft_work / "ds", R.eval, R.reward, device)
     alone = replace(R.eval, environment="", tools=[], episode=EpisodeConfig())
-    out["rl_without_environment"] = _eval(rl_dir, work / "ds", alone, R.reward, device)["greedy"]
+    out["rl_without_environment"] = _eval(rl_dir, sft_work / "ds", alone, R.reward, device)["greedy"]
     out["times"] = {k: round(v, 1) for k, v in times.items()}
     return out
 
@@ -125,6 +137,8 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=None, help="sft.steps (default: the recipe's)")
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's, e.g. "
                     "'{\"rl\": {\"algorithm\": \"ppo\"}}'")
+    ap.add_argument("--algorithms", nargs="+", default=[None], help="rl.algorithm of each RL run, every one "
+                    "from the seed's same SFT model (default: the recipe's)")
     ap.add_argument("--out", default="", help="also write the rows as JSON lines here")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -132,21 +146,22 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix=f"agent-inprocess-{seed}-") as tmp:
-            row = run_seed(args.recipe, seed, args.device, args.rl_steps, Path(tmp), args.sft_steps,
-                           json.loads(args.overrides))
-        rows.append(row)
-        print("ROW", json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            seed_rows = run_seed(args.recipe, seed, args.device, args.rl_steps, Path(tmp), args.sft_steps,
+                                 json.loads(args.overrides), args.algorithms)
+        for row in seed_rows:
+            rows.append(row)
+            print("ROW", json.dumps(row), flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
     print(f"\n{args.recipe} in-process on {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}"
           f", torch {torch.__version__}), overrides {args.overrides}, sft.steps {args.sft_steps or 'recipe'}, rl.steps {args.rl_steps or 'recipe'}")
-    print("| seed | SFT greedy / sampled | RL greedy / sampled | RL without the environment | SFT s | RL s |")
-    print("|---|---|---|---|---|---|")
+    print("| seed | algorithm | SFT greedy / sampled | RL greedy / sampled | RL without the environment | SFT s | RL s |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         s, q = r["sft"], r["rl"]
-        print(f"| {r['seed']} | {s['greedy']:.3f} / {s['sampled'] or 0:.3f} | {q['greedy']:.3f} / {q['sampled'] or 0:.3f}"
-              f" | {r['rl_without_environment']:.3f} | {r['times']['sft_s']} | {r['times']['rl_s']} |")
+        print(f"| {r['seed']} | {r['algorithm']} | {s['greedy']:.3f} / {s['sampled'] or 0:.3f} | {q['greedy']:.3f} / "
+              f"{q['sampled'] or 0:.3f} | {r['rl_without_environment']:.3f} | {r['times']['sft_s']} | {r['times']['rl_s']} |")
 
 
 if __name__ == "__main__":
