@@ -80,8 +80,9 @@ def _resolve(recipe: str, seed: int, overrides: dict | None, algorithm: str | No
 
 
 def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Path, sft_steps: int | None = None,
-             overrides: dict | None = None, algorithms: list[str | None] = (None,)) -> list[dict]:
-    """One row per algorithm (None: the recipe's), each RL run from the same SFT model of this seed."""
+             overrides: dict | None = None, algorithms: list[str | None] = (None,), on_row=None) -> list[dict]:
+    """One row per algorithm (None: the recipe's), each RL run from the same SFT model of this seed; `on_row`
+    is called with each as it is done."""
     cuda = device == "cuda"
     R = _resolve(recipe, seed, overrides)
     model = replace(R.model, dtype=DType.BF16 if cuda else R.model.dtype)
@@ -94,8 +95,13 @@ def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Pa
             tokenizer_dir=work / "tok", base_model_dir=None, out_dir=work / "sft", state_dir=work / "sft-state")
     sft_s = time.perf_counter() - t0
     sft = _eval(work / "sft", work / "ds", R.eval, R.reward, device)
-    return [_rl_row(_resolve(recipe, seed, overrides, a), seed, model, rl_steps, work / f"rl-{a or 'recipe'}",
-                    work, sft, sft_s, device) for a in algorithms]
+    rows = []
+    for a in algorithms:
+        rows.append(_rl_row(_resolve(recipe, seed, overrides, a), seed, model, rl_steps, work / f"rl-{a or 'recipe'}",
+                            work, sft, sft_s, device))
+        if on_row:
+            on_row(rows[-1])
+    return rows
 
 
 def _rl_row(R, seed: int, model, rl_steps: int | None, work: Path, sft_work: Path, sft: dict, sft_s: float,
@@ -128,6 +134,13 @@ def _rl_row(R, seed: int, model, rl_steps: int | None, work: Path, sft_work: Pat
     return out
 
 
+def _emit(row: dict, out: str) -> None:
+    print("ROW", json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", default="tiny_calculator")
@@ -146,14 +159,8 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         with tempfile.TemporaryDirectory(prefix=f"agent-inprocess-{seed}-") as tmp:
-            seed_rows = run_seed(args.recipe, seed, args.device, args.rl_steps, Path(tmp), args.sft_steps,
-                                 json.loads(args.overrides), args.algorithms)
-        for row in seed_rows:
-            rows.append(row)
-            print("ROW", json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            rows += run_seed(args.recipe, seed, args.device, args.rl_steps, Path(tmp), args.sft_steps,
+                             json.loads(args.overrides), args.algorithms, on_row=lambda row: _emit(row, args.out))
     print(f"\n{args.recipe} in-process on {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else 'CPU'}"
           f", torch {torch.__version__}), overrides {args.overrides}, sft.steps {args.sft_steps or 'recipe'}, rl.steps {args.rl_steps or 'recipe'}")
     print("| seed | algorithm | SFT greedy / sampled | RL greedy / sampled | RL without the environment | SFT s | RL s |")
