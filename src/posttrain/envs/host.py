@@ -88,9 +88,10 @@ class EnvironmentHost:
         if env_cls is None and not tools:
             raise ToolError("an episode needs an environment class (rl.environment) or tools (rl.tools)")
         self.env_cls, self.tools = env_cls, {getattr(t, "__name__", str(t)): t for t in tools}
-        own = getattr(env_cls, "_posttrain_specs", None)  # an adapter's tools (OpenEnv's MCP tools, its Action)
-        self.specs: list[ToolSpec] = ((own if own is not None else environment_tools(env_cls) if env_cls is not None
-                                       else []) + tool_specs(list(tools)))
+        env_specs = getattr(env_cls, "_posttrain_specs", None)  # an adapter's tools (OpenEnv's MCP tools, its Action)
+        if env_specs is None:
+            env_specs = environment_tools(env_cls) if env_cls is not None else []
+        self.specs: list[ToolSpec] = env_specs + tool_specs(list(tools))
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise ToolError(f"rl.environment and rl.tools both define a tool named "

@@ -2,8 +2,8 @@
 run by the same loop as RL's (posttrain.envs.episodes.run_episodes: token-exact, the model's own template),
 against the user's environment and tools in their sandboxed tool process (posttrain.envs.process), on the
 engine eval.backend names (transformers or vLLM) - greedy (one episode per problem) and, with eval.k > 0, k
-sampled ones. What is scored is each episode's last sampled
-turn (`Episode.final_text`), by the verifier or reward.fn, exactly as a single completion is.
+sampled ones. What is scored is each episode's last sampled turn (`Episode.final_text`), by the verifier or
+reward.fn, exactly as a single completion is.
 
     greedy, sampled, seconds, tools = run_eval_episodes(model_dir, tok, cfg, problems)
     episode_summary(greedy + sampled) -> {"turns_mean", "tool_calls_mean", "tool_failures", "finished", ...}
