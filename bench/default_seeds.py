@@ -16,7 +16,9 @@ every seed of the run set to s - data generation and split, weight init, SFT dat
 sampling (`data.seed`, `model.init_seed`, `sft.seed`, `rl.seed`) - and reads the held-out accuracies from the
 run's summary. It prints one row per seed and the mean, min and max of the RL change, greedy and sampled, so
 a claimed gain comes with its spread. Evaluation settings (500 held-out problems, k=4 at T=1, eval seed 0)
-stay fixed. Runs one seed at a time: timings of two concurrent runs on 2 cores would be noise.
+stay fixed (a recipe with `eval.k` 0 is evaluated greedy only, and the table leaves the sampled columns out).
+`--start-alone` also evaluates the recipe's start model, untrained, without the environment (agent_pipeline on a
+pretrained folder: what the model could do before). Runs one seed at a time: timings of two concurrent runs on 2 cores would be noise.
 """
 
 from __future__ import annotations
@@ -55,33 +57,42 @@ def run_pipeline(seed: int, recipe: str, extra: dict, home: Path, workflow: str 
     if out.returncode != 0:
         raise SystemExit(f"seed {seed}{' ' + what if what else ''}: pipeline failed (exit {out.returncode}):\n"
                          f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
-    acc = {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", out.stdout)}
+    acc = {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", out.stdout)
+           if float(v) >= 0}  # -1: not evaluated (a sampled accuracy with eval.k 0)
     return {"seed": seed, "wall_s": wall, **acc}, out.stdout
 
 
-def greedy_alone(seed: int, recipe: str, extra: dict, home: Path, model_id: str) -> float:
-    """The held-out greedy accuracy of model `model_id` evaluated WITHOUT the recipe's environment (one answer
-    per problem, no tool to call), in the run's store (`eval_pipeline`; the data stage is cached)."""
+def greedy_alone(seed: int, recipe: str, extra: dict, home: Path, model_id: str = "") -> float:
+    """The held-out greedy accuracy of model `model_id` - "" for the recipe's own start model, untrained -
+    evaluated WITHOUT the recipe's environment (one answer per problem, no tool to call), in the run's store
+    (`eval_pipeline`; the data stage is cached)."""
     from posttrain.config import EpisodeConfig, to_dict
 
     plain = {"eval": {"environment": "", "tools": [], "episode": to_dict(EpisodeConfig())},
-             "model": {"artifact": model_id}, "data": {"tokenizer": {"train": False}}}
+             "data": {"tokenizer": {"train": False}}}
+    if model_id:
+        plain["model"] = {"artifact": model_id}
     for section, fields in plain.items():
         extra = {**extra, section: {**extra.get(section, {}), **fields}}  # the model brings its tokenizer
-    _, out = run_pipeline(seed, recipe, extra, home, "eval_pipeline", what="evaluated without the environment")
+    what = f"model {model_id[:12]}" if model_id else "the start model"
+    _, out = run_pipeline(seed, recipe, extra, home, "eval_pipeline",
+                          what=f"{what} evaluated without the environment")
     return float(re.search(r"eval \w+ of model \w+: greedy ([0-9.]+)", out)[1])
 
 
 def run_seed(seed: int, recipe: str, extra: dict, home: Path, workflow: str = "pipeline",
-             without_environment: bool = False) -> dict:
+             without_environment: bool = False, start_alone: bool = False) -> dict:
     """The run's accuracies, and the greedy change from the SFT model's eval to the RL model's, problem by
     problem on the same held-out problems (95% paired interval, McNemar's p: posttrain.eval.compare), read
     from the two eval reports in the run's store; with `without_environment`, also the RL model's greedy
-    accuracy answering alone (`greedy_alone`)."""
+    accuracy answering alone (`greedy_alone`); with `start_alone`, the recipe's start model's (before any
+    training) the same way, after the run (so its data stage is cached)."""
     row, out = run_pipeline(seed, recipe, extra, home, workflow)
     ids = dict(re.findall(r"(\w+_eval_id)='([0-9a-f]{64})'", out))
     if without_environment:
         row["rl_greedy_alone"] = greedy_alone(seed, recipe, extra, home, re.search(r"rl_model_id='(\w+)'", out)[1])
+    if start_alone:
+        row["start_greedy_alone"] = greedy_alone(seed, recipe, extra, home)
     if "sft_eval_id" in ids and "rl_eval_id" in ids:
         from posttrain.artifacts import ArtifactStore
         from posttrain.eval import EvalReport
@@ -107,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                     "whose summary has SFT and RL accuracies")
     ap.add_argument("--without-environment", action="store_true", help="also evaluate the RL model without "
                     "the recipe's environment (agent_pipeline: what the task needs the tool for)")
+    ap.add_argument("--start-alone", action="store_true", help="also evaluate the recipe's start model (e.g. "
+                    "the pretrained folder) without the environment: what a user had before any training")
     ap.add_argument("--write-readme", action="store_true", help="replace the README's seed table with this run's")
     ap.add_argument("--block", default="default_seeds", help="the README block to replace (default_seeds, ppo_seeds)")
     args = ap.parse_args(argv)
@@ -115,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in args.seeds:
         with tempfile.TemporaryDirectory(prefix=f"posttrain-seed{s}-") as tmp:
             row = run_seed(s, args.recipe, extra, Path(args.home.format(seed=s)) if args.home else Path(tmp),
-                           args.workflow, args.without_environment)
+                           args.workflow, args.without_environment, args.start_alone)
         row["d_greedy"] = row["rl_greedy_accuracy"] - row["sft_greedy_accuracy"]
-        row["d_sampled"] = row["rl_sampled_accuracy"] - row["sft_sampled_accuracy"]
+        if "rl_sampled_accuracy" in row and "sft_sampled_accuracy" in row:  # eval.k 0: greedy only
+            row["d_sampled"] = row["rl_sampled_accuracy"] - row["sft_sampled_accuracy"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     load = os.getloadavg()
@@ -137,18 +151,26 @@ BEGIN, END = "<!-- default_seeds:begin -->", "<!-- default_seeds:end -->"
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], *, workflow: str = "pipeline",
           cached: bool = False) -> str:
     """The README block: one row per seed, the spread of the RL change, and how to reproduce it."""
-    alone = all("rl_greedy_alone" in r for r in rows)
-    lines = [("| seed | SFT greedy | SFT sampled | RL greedy | RL sampled | change greedy (95% paired interval) | "
-              "change sampled |" + (" RL greedy without the environment |" if alone else "") + " wall |"),
-             "|---|---|---|---|---|---|---|" + ("---|" if alone else "") + "---|"]
-    for r in rows:
-        interval = f" ({r['greedy_low']:+.3f} to {r['greedy_high']:+.3f})" if "greedy_low" in r else ""
-        lines.append(f"| {r['seed']} | {r['sft_greedy_accuracy']:.3f} | {r['sft_sampled_accuracy']:.3f} | "
-                     f"{r['rl_greedy_accuracy']:.3f} | {r['rl_sampled_accuracy']:.3f} | {r['d_greedy']:+.3f}{interval} | "
-                     f"{r['d_sampled']:+.3f} |" + (f" {r['rl_greedy_alone']:.3f} |" if alone else "")
-                     + f" {r['wall_s'] / 60:.1f} min |")
+    sampled = all("d_sampled" in r for r in rows)  # eval.k 0 evaluates greedy only
+    columns = [("start model without the environment", lambda r: f"{r['start_greedy_alone']:.3f}",
+                all("start_greedy_alone" in r for r in rows)),
+               ("SFT greedy", lambda r: f"{r['sft_greedy_accuracy']:.3f}", True),
+               ("SFT sampled", lambda r: f"{r['sft_sampled_accuracy']:.3f}", sampled),
+               ("RL greedy", lambda r: f"{r['rl_greedy_accuracy']:.3f}", True),
+               ("RL sampled", lambda r: f"{r['rl_sampled_accuracy']:.3f}", sampled),
+               ("change greedy (95% paired interval)", lambda r: f"{r['d_greedy']:+.3f}" + (
+                   f" ({r['greedy_low']:+.3f} to {r['greedy_high']:+.3f})" if "greedy_low" in r else ""), True),
+               ("change sampled", lambda r: f"{r['d_sampled']:+.3f}", sampled),
+               ("RL greedy without the environment", lambda r: f"{r['rl_greedy_alone']:.3f}",
+                all("rl_greedy_alone" in r for r in rows)),
+               ("wall", lambda r: f"{r['wall_s'] / 60:.1f} min", True)]
+    columns = [(name, cell) for name, cell, shown in columns if shown]
+    lines = ["| seed | " + " | ".join(name for name, _ in columns) + " |", "|---|" + "---|" * len(columns)]
+    lines += [f"| {r['seed']} | " + " | ".join(cell(r) for _, cell in columns) + " |" for r in rows]
     spread = []
     for key, label in (("d_greedy", "greedy"), ("d_sampled", "sampled")):
+        if key == "d_sampled" and not sampled:
+            continue
         v = [r[key] for r in rows]
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
         spread.append(f"{label} mean {statistics.mean(v):+.3f} (min {min(v):+.3f}, max {max(v):+.3f}, std {sd:.3f})")

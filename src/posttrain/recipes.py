@@ -277,6 +277,38 @@ def small_instruct_lora_cpu() -> PipelineConfig:
                    placement=replace(base.placement, rollout_workers=0))
 
 
+def small_instruct_calculator_cpu() -> PipelineConfig:
+    """agent_pipeline on a real model: SmolLM2-135M-Instruct (`make real-model`) with LoRA learns when to call
+    the Calculator environment's `calculate` tool on 3-digit x 3-digit products, which it cannot do in its head.
+
+    The same task and sloppy teacher as tiny_calculator (`data.demo_error_rate` 0.6: on 60% of the problems
+    whose first factor starts with 5-9 the demonstration answers with a wrong mental estimate instead of calling
+    the tool), so SFT teaches the tool format and RL in the environment has a decision to correct. SmolLM2's
+    chat template has no tool turns: episodes use the documented format (posttrain.envs.calls) - tools in the
+    system turn, `<tool_call>` in the assistant's text, results as user turns between `<tool_response>` tags.
+
+    - data: 600 problems, 200 held out (the issue asks for >= 200 held-out problems), 400 demonstrations.
+    - model.lora (rank 16 on the 7 projections) for SFT and RL; SFT trains adapters on the folder, RL trains new
+      ones on the SFT model. max_seq_len 320: the tools block makes a prompt 186 tokens, a whole
+      demonstration 255.
+    - sft: 40 steps of 16 (1.6 epochs of the 400) at lr 2e-4 (adapters start at zero; small_instruct_lora_cpu's
+      RL lr is 3e-4), on small_instruct_cpu's 2 ranks x micro-batch 4.
+    - rl: GRPO, 8 prompts x 8 samples, lr 3e-4 as small_instruct_lora_cpu, the policy rank generating its own
+      episodes (placement.rollout_workers 0); a call is ~33 tokens, so rl.max_new_tokens 40 a turn; at most
+      3 turns, 96 response tokens.
+    - eval: greedy only (`eval.k` 0) on the 200 held-out problems."""
+    base = small_instruct_lora_cpu()
+    episode = EpisodeConfig(max_turns=3, max_env_tokens=24, max_total_tokens=96)
+    return replace(
+        base, name="small_instruct_calculator_cpu",
+        data=replace(base.data, task="calculator", num_examples=600, num_digits=3, eval_size=200,
+                     demo_error_rate=0.6),
+        model=replace(base.model, max_seq_len=320, gradient_checkpointing=False),
+        sft=replace(base.sft, enabled=True, steps=40, lr=2e-4, warmup_steps=4, save_every=20),
+        eval=replace(base.eval, num_problems=200, k=0, max_new_tokens=40, environment=CALCULATOR, episode=episode),
+        rl=replace(base.rl, steps=20, max_new_tokens=40, environment=CALCULATOR, episode=episode))
+
+
 RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "tiny_cpu": tiny_cpu,
     "tiny_cpu_ppo": tiny_cpu_ppo,
@@ -288,6 +320,7 @@ RECIPES: dict[str, Callable[[], PipelineConfig]] = {
     "gpu_single": gpu_single,
     "small_instruct_cpu": small_instruct_cpu,
     "small_instruct_lora_cpu": small_instruct_lora_cpu,
+    "small_instruct_calculator_cpu": small_instruct_calculator_cpu,
 }
 
 

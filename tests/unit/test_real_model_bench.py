@@ -123,3 +123,17 @@ def test_a_table_is_written_into_the_one_page_that_holds_its_block(real_model, t
     with pytest.raises(SystemExit, match="README.md"):
         seeds.write_block("x", "<!-- t:begin -->", "<!-- t:end -->")
     assert "new row" in page.read_text()  # nothing written on a refusal
+
+
+def test_a_greedy_only_table_leaves_the_sampled_columns_out(real_model):
+    """bench/default_seeds.py on a recipe with eval.k 0 (the summary's sampled accuracy is -1, dropped when read):
+    no sampled column or spread, the start model's accuracy without the environment first when measured."""
+    seeds = sys.modules["default_seeds"]
+    row = {"seed": 0, "wall_s": 600.0, "start_greedy_alone": 0.005, "sft_greedy_accuracy": 0.4,
+           "rl_greedy_accuracy": 0.9, "d_greedy": 0.5, "greedy_low": 0.42, "greedy_high": 0.57, "rl_greedy_alone": 0.0}
+    block = seeds.table([row], ["--recipe", "r"], (1.0, 1.0, 1.0), workflow="agent_pipeline")
+    head, _, first = block.splitlines()[:3]
+    assert head == ("| seed | start model without the environment | SFT greedy | RL greedy | change greedy (95% paired "
+                    "interval) | RL greedy without the environment | wall |")
+    assert first == "| 0 | 0.005 | 0.400 | 0.900 | +0.500 (+0.420 to +0.570) | 0.000 | 10.0 min |"
+    assert "sampled" not in block
