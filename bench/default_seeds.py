@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     extra = json.loads(args.overrides)
     rows = []
+    homes = [Path(args.home.format(seed=s)) for s in args.seeds] if args.home else []
+    cached = any(h.exists() for h in homes)  # a kept store that earlier runs filled: their stages are cached
     for s in args.seeds:
         with tempfile.TemporaryDirectory(prefix=f"posttrain-seed{s}-") as tmp:
             row = run_seed(s, args.recipe, extra, Path(args.home.format(seed=s)) if args.home else Path(tmp),
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"\nrecipe {args.recipe}, overrides {json.dumps(extra)}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     block = table(rows, argv if argv is not None else sys.argv[1:], load, workflow=args.workflow,
-                  cached=bool(args.home))
+                  cached=cached)
     print(block)
     if args.write_readme:
         page = write_block(block, f"<!-- {args.block}:begin -->", f"<!-- {args.block}:end -->")
