@@ -90,6 +90,25 @@ def test_a_demonstration_is_the_episode_the_model_plays_when_it_samples_its_turn
     assert n_merged < n_split / 2
 
 
+@pytest.mark.real_model
+def test_smollm2s_calculator_demonstration_is_the_episode_it_plays(smollm2_dir):
+    """small_instruct_calculator_cpu: SmolLM2's own chat template (no tool turns: the documented format in plain
+    turns) renders a demonstration as exactly the episode's tokens, so its SFT trains on what its RL samples."""
+    tok = load_tokenizer(smollm2_dir)
+    stop = tok.convert_tokens_to_ids("<|im_end|>")
+    layout = EpisodeLayout.check(tok, [stop])
+    examples = calculator(50, 3, seed=2, demo_error_rate=0.5)
+    for ex in (next(e for e in examples if len(e["messages"]) == 5), next(e for e in examples if len(e["messages"]) == 3)):
+        ids, _ = tokenize_for_training(tok, ex["messages"], 10_000)
+        said = [m["content"] for m in ex["messages"][2:] if m["role"] == "assistant"]
+        (ep,) = run_episodes(Script(tok, stop, said), layout, in_process(Calculator), [{}], [episode_prompt(ex)], n=1,
+                             limits=EpisodeLimits(max_turns=3, max_new_tokens=40, max_total_tokens=96),
+                             temperature=1.0, seed=0)
+        assert ep.prompt_ids + ep.response_ids == ids[:-1]  # the template's newline after the last turn aside
+        assert ep.finished and ep.turns == len(said) and score("exact", ep.final_text, ex["answer"]) == float(len(said) == 2)
+        assert len(ep.prompt_ids) + len(ep.response_ids) <= resolve("small_instruct_calculator_cpu").model.max_seq_len
+
+
 def test_the_calculator_task_is_made_by_the_data_stages_makers_only(tmp_path):
     cfg = DataConfig(task="calculator", num_examples=300, eval_size=50, num_digits=3, demo_error_rate=0.6)
     with pytest.raises(DataValidationError, match="data.task: 'calculator' is not made here"):
