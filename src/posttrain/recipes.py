@@ -281,9 +281,12 @@ def small_instruct_calculator_cpu() -> PipelineConfig:
     """agent_pipeline on a real model: SmolLM2-135M-Instruct (`make real-model`) with LoRA learns when to call
     the Calculator environment's `calculate` tool on 3-digit x 3-digit products, which it cannot do in its head.
 
-    The same task and sloppy teacher as tiny_calculator (`data.demo_error_rate` 0.6: on 60% of the problems
-    whose first factor starts with 5-9 the demonstration answers with a wrong mental estimate instead of calling
-    the tool), so SFT teaches the tool format and RL in the environment has a decision to correct. SmolLM2's
+    The task is `calculator_lazy` (posttrain.envs.tasks): tiny_calculator's problems and tool, but the teacher
+    skips the tool on 60% of ALL problems (`data.demo_error_rate` 0.6) and answers with a wrong mental estimate,
+    so SFT teaches the tool format and a policy that calls the tool ~40% of the time, greedy never, and RL in
+    the environment has that decision to correct. With tiny_calculator's rule (skips only when the first factor
+    starts with 5-9) SmolLM2 did not pick the rule up from 400 demonstrations: after SFT it called the tool on
+    all 200 held-out problems of seed 0 (greedy 1.000), leaving RL nothing to add. SmolLM2's
     chat template has no tool turns: episodes use the documented format (posttrain.envs.calls) - tools in the
     system turn, `<tool_call>` in the assistant's text, results as user turns between `<tool_response>` tags.
 
@@ -301,7 +304,7 @@ def small_instruct_calculator_cpu() -> PipelineConfig:
     episode = EpisodeConfig(max_turns=3, max_env_tokens=24, max_total_tokens=96)
     return replace(
         base, name="small_instruct_calculator_cpu",
-        data=replace(base.data, task="calculator", num_examples=600, num_digits=3, eval_size=200,
+        data=replace(base.data, task="calculator_lazy", num_examples=600, num_digits=3, eval_size=200,
                      demo_error_rate=0.6),
         model=replace(base.model, max_seq_len=320, gradient_checkpointing=False),
         sft=replace(base.sft, enabled=True, steps=40, lr=2e-4, warmup_steps=4, save_every=20),

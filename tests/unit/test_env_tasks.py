@@ -57,6 +57,14 @@ def test_calculator_problems_demonstrations_and_the_sloppy_teacher():
     clean = calculator(3000, 3, seed=0, demo_error_rate=0.0)
     assert [ex["messages"][:2] for ex in clean] == [ex["messages"][:2] for ex in examples]
     assert all(len(ex["messages"]) == 5 for ex in clean)
+    # the lazy teacher: the same problems, the tool skipped on about the same share of EVERY problem
+    lazy = calculator(3000, 3, seed=0, demo_error_rate=0.6, lazy=True)
+    assert [ex["messages"][:2] for ex in lazy] == [ex["messages"][:2] for ex in examples]
+    for low in (True, False):
+        share = [len(ex["messages"]) == 3 for ex in lazy if (int(ex["messages"][1]["content"][0]) < 5) == low]
+        assert 0.55 < sum(share) / len(share) < 0.65
+    assert TASKS["calculator_lazy"](DataConfig(task="calculator_lazy", num_examples=50, num_digits=3, seed=0,
+                                               demo_error_rate=0.6)) == calculator(50, 3, 0, 0.6, lazy=True)
     # an episode's prompt is the system turn with the tools and the question; SFT's prompt is longer
     assert episode_prompt(clean[0]) == clean[0]["messages"][:2] != prompt_messages(clean[0])
 
@@ -97,7 +105,7 @@ def test_smollm2s_calculator_demonstration_is_the_episode_it_plays(smollm2_dir):
     tok = load_tokenizer(smollm2_dir)
     stop = tok.convert_tokens_to_ids("<|im_end|>")
     layout = EpisodeLayout.check(tok, [stop])
-    examples = calculator(50, 3, seed=2, demo_error_rate=0.5)
+    examples = calculator(50, 3, seed=2, demo_error_rate=0.5, lazy=True)
     for ex in (next(e for e in examples if len(e["messages"]) == 5), next(e for e in examples if len(e["messages"]) == 3)):
         ids, _ = tokenize_for_training(tok, ex["messages"], 10_000)
         said = [m["content"] for m in ex["messages"][2:] if m["role"] == "assistant"]

@@ -89,8 +89,9 @@ def _check_data(d: DataConfig) -> None:
                f"'preference' with a built-in task: only 'addition' comes as pairs, not {d.task!r}")
         _check(d.schema != DataSchema.PREFERENCE or d.demo_error_rate == 0, "data.demo_error_rate",
                "the 'addition' pairs already set the correct sum against the sloppy one: set it to 0")
-    _check(d.demo_error_rate == 0 or d.task in ("addition", "calculator", "guess_number"), "data.demo_error_rate",
-           "only the built-in addition, calculator and guess_number tasks have sloppy demonstrations")
+    _check(d.demo_error_rate == 0 or d.task in ("addition", "calculator", "calculator_lazy", "guess_number"),
+           "data.demo_error_rate", "only the built-in addition, calculator(_lazy) and guess_number tasks have sloppy "
+           "demonstrations")
     _check(d.task != "guess_number" or not d.dedupe, "data.dedupe",
            "must be false with data.task guess_number: its demonstrations repeat by design (one game per secret "
            "and guesser, the share of sloppy games is what SFT imitates), so de-duplication would keep ~64 rows")

@@ -35,15 +35,17 @@ class TokenizerConfig:
     token either way."""
 
 
-BUILTIN_TASKS = ("addition", "chain", "calculator", "guess_number")
-"""The built-in tasks: `addition` and `chain` (posttrain.data.synthetic), `calculator` played with a tool and
-`guess_number` played over several turns (posttrain.envs.tasks)."""
+BUILTIN_TASKS = ("addition", "chain", "calculator", "calculator_lazy", "guess_number")
+"""The built-in tasks: `addition` and `chain` (posttrain.data.synthetic), `calculator` (and `calculator_lazy`, its
+teacher skipping the tool on any problem) played with a tool and `guess_number` played over several turns
+(posttrain.envs.tasks)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     task: str = "addition"
-    """Built-in task ("addition", "chain", "calculator": multiplication with a calculator tool, or
+    """Built-in task ("addition", "chain", "calculator": multiplication with a calculator tool, "calculator_lazy":
+    the same with a teacher who skips the tool on any problem, or
     "guess_number": a guessing game over several turns - the last two for agent_pipeline), or "" to load
     `files`."""
     files: list[str] = field(default_factory=list)

@@ -13,6 +13,11 @@ results as tool-response turns).
   sample calls the tool with probability ~1 - r: the same plateau the `addition` task's sloppy carry gives,
   which RL with the verifier corrects by learning when to use the tool. The reference answer is always the
   true product (verifier "exact").
+- `calculator_lazy`: the same problems and tool, but the lazy teacher skips the tool on a share r of ALL the
+  problems, whatever their factors: a model that imitates it calls the tool with probability ~1 - r on any
+  problem, so with r > 0.5 its greedy answer is a guess everywhere. For a pretrained model with a few hundred
+  demonstrations (small_instruct_calculator_cpu), where `calculator`'s rule by leading digit is not picked up:
+  SmolLM2 after SFT on `calculator` at r 0.6 called the tool on every problem, leaving RL nothing to add.
 - `guess_number`: the `GuessNumber` game on 1-32 (`rl.environment` / `eval.environment`
   "posttrain.envs.builtin:GuessNumber"): the model guesses, the environment answers "higher" / "lower", for at
   most 7 guesses - binary search's worst case on 32 numbers (6) plus one. A demonstration opens on the game's
@@ -59,8 +64,10 @@ def estimate(a: int, b: int) -> int:
     return lead(a) * lead(b)
 
 
-def calculator(n: int, num_digits: int, seed: int, demo_error_rate: float = 0.0) -> list[dict]:
-    """`n` distinct problems (a, b), each with its demonstration; the problems do not depend on the rate."""
+def calculator(n: int, num_digits: int, seed: int, demo_error_rate: float = 0.0, lazy: bool = False) -> list[dict]:
+    """`n` distinct problems (a, b), each with its demonstration; the problems do not depend on the rate. The
+    teacher skips the tool on a share `demo_error_rate` of the problems whose first factor starts with 5-9, or,
+    `lazy`, of every problem (`calculator_lazy`)."""
     rng = random.Random(f"calculator-{seed}")
     sloppy = random.Random(f"calculator-sloppy-{seed}")
     lo, hi = 10 ** (num_digits - 1), 10 ** num_digits
@@ -75,7 +82,7 @@ def calculator(n: int, num_digits: int, seed: int, demo_error_rate: float = 0.0)
         seen.add((a, b))
         question = {"role": "user", "content": f"{a}*{b}="}
         product = str(a * b)
-        if a >= 5 * lo and sloppy.random() < demo_error_rate:
+        if (lazy or a >= 5 * lo) and sloppy.random() < demo_error_rate:
             turns = [{"role": "assistant", "content": str(estimate(a, b))}]
         else:
             turns = [{"role": "assistant", "content": render_call("calculate", {"expression": f"{a}*{b}"})},
@@ -124,5 +131,7 @@ def guess_number(n: int, eval_size: int, seed: int, demo_error_rate: float = 0.0
 
 TASKS: dict[str, Callable[[DataConfig], list[dict] | TaskSplit]] = {
     "calculator": lambda cfg: calculator(cfg.num_examples, cfg.num_digits, cfg.seed, cfg.demo_error_rate),
+    "calculator_lazy": lambda cfg: calculator(cfg.num_examples, cfg.num_digits, cfg.seed, cfg.demo_error_rate,
+                                              lazy=True),
     "guess_number": lambda cfg: guess_number(cfg.num_examples, cfg.eval_size, cfg.seed, cfg.demo_error_rate)}
 """The built-in environment tasks, by `data.task` name (the data stage adds them to posttrain.data's own)."""
