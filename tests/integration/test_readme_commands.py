@@ -52,7 +52,7 @@ NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
         "data and episodes are test_env_tasks.py's; bench/default_seeds.py --recipe tiny_guess_number measures it "
         "over seeds (docs/rl.md)",
     ".venv/bin/pyflyte run workflows/pipeline.py agent_pipeline --recipe small_instruct_calculator_cpu":
-        "SmolLM2-135M-Instruct with LoRA, SFT and 20 RL steps in the calculator environment (about an hour here): "
+        "SmolLM2-135M-Instruct with LoRA, SFT and 10 RL steps in the calculator environment (under an hour here): "
         "test_agent_pipeline_e2e.py runs the workflow, test_real_model_rl.py RL from the model folder; "
         "bench/default_seeds.py --recipe small_instruct_calculator_cpu measures it (docs/rl.md)",
     ".venv/bin/wandb login": "interactive, needs a wandb account (the sync after it is run with --dry-run)",
