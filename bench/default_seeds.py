@@ -70,8 +70,8 @@ def greedy_alone(seed: int, recipe: str, extra: dict, home: Path, model_id: str 
 
     plain = {"eval": {"environment": "", "tools": [], "episode": to_dict(EpisodeConfig())},
              "data": {"tokenizer": {"train": False}}}
-    if model_id:
-        plain["model"] = {"artifact": model_id}
+    if model_id:  # the store's model instead of the recipe's start (a base_path recipe: the folder is its parent)
+        plain["model"] = {"artifact": model_id, "base_path": ""}
     for section, fields in plain.items():
         extra = {**extra, section: {**extra.get(section, {}), **fields}}  # the model brings its tokenizer
     what = f"model {model_id[:12]}" if model_id else "the start model"
