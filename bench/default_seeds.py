@@ -57,9 +57,13 @@ def run_pipeline(seed: int, recipe: str, extra: dict, home: Path, workflow: str 
     if out.returncode != 0:
         raise SystemExit(f"seed {seed}{' ' + what if what else ''}: pipeline failed (exit {out.returncode}):\n"
                          f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}")
-    acc = {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", out.stdout)
-           if float(v) >= 0}  # -1: not evaluated (a sampled accuracy with eval.k 0)
-    return {"seed": seed, "wall_s": wall, **acc}, out.stdout
+    return {"seed": seed, "wall_s": wall, **summary_accuracies(out.stdout)}, out.stdout
+
+
+def summary_accuracies(stdout: str) -> dict[str, float]:
+    """Every `*_accuracy=X` of a run's printed summary, less those it did not evaluate (-1: a sampled accuracy
+    with eval.k 0)."""
+    return {k: float(v) for k, v in re.findall(r"(\w+_accuracy)=([-0-9.]+)", stdout) if float(v) >= 0}
 
 
 def greedy_alone(seed: int, recipe: str, extra: dict, home: Path, model_id: str = "") -> float:
@@ -125,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     extra = json.loads(args.overrides)
     rows = []
-    homes = [Path(args.home.format(seed=s)) for s in args.seeds] if args.home else []
-    cached = any(h.exists() for h in homes)  # a kept store that earlier runs filled: their stages are cached
+    # a kept store that earlier runs filled: their stages are read back from its cache
+    cached = bool(args.home) and any(Path(args.home.format(seed=s)).exists() for s in args.seeds)
     for s in args.seeds:
         with tempfile.TemporaryDirectory(prefix=f"posttrain-seed{s}-") as tmp:
             row = run_seed(s, args.recipe, extra, Path(args.home.format(seed=s)) if args.home else Path(tmp),
@@ -170,9 +174,7 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], *
     lines = ["| seed | " + " | ".join(name for name, _ in columns) + " |", "|---|" + "---|" * len(columns)]
     lines += [f"| {r['seed']} | " + " | ".join(cell(r) for _, cell in columns) + " |" for r in rows]
     spread = []
-    for key, label in (("d_greedy", "greedy"), ("d_sampled", "sampled")):
-        if key == "d_sampled" and not sampled:
-            continue
+    for key, label in (("d_greedy", "greedy"), ("d_sampled", "sampled"))[:2 if sampled else 1]:
         v = [r[key] for r in rows]
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
         spread.append(f"{label} mean {statistics.mean(v):+.3f} (min {min(v):+.3f}, max {max(v):+.3f}, std {sd:.3f})")

@@ -129,8 +129,11 @@ def test_a_greedy_only_table_leaves_the_sampled_columns_out(real_model):
     """bench/default_seeds.py on a recipe with eval.k 0 (the summary's sampled accuracy is -1, dropped when read):
     no sampled column or spread, the start model's accuracy without the environment first when measured."""
     seeds = sys.modules["default_seeds"]
-    row = {"seed": 0, "wall_s": 600.0, "start_greedy_alone": 0.005, "sft_greedy_accuracy": 0.4,
-           "rl_greedy_accuracy": 0.9, "d_greedy": 0.5, "greedy_low": 0.42, "greedy_high": 0.57, "rl_greedy_alone": 0.0}
+    summary = ("Summary(run_id='r', sft_greedy_accuracy=0.4, sft_sampled_accuracy=-1.0, rl_greedy_accuracy=0.9, "
+               "rl_sampled_accuracy=-1.0)")
+    assert seeds.summary_accuracies(summary) == {"sft_greedy_accuracy": 0.4, "rl_greedy_accuracy": 0.9}
+    row = {"seed": 0, "wall_s": 600.0, "start_greedy_alone": 0.005, **seeds.summary_accuracies(summary),
+           "d_greedy": 0.5, "greedy_low": 0.42, "greedy_high": 0.57, "rl_greedy_alone": 0.0}
     block = seeds.table([row], ["--recipe", "r"], (1.0, 1.0, 1.0), workflow="agent_pipeline")
     head, _, first = block.splitlines()[:3]
     assert head == ("| seed | start model without the environment | SFT greedy | RL greedy | change greedy (95% paired "

@@ -14,8 +14,10 @@ results as tool-response turns).
   which RL with the verifier corrects by learning when to use the tool. The reference answer is always the
   true product (verifier "exact").
 - `calculator_lazy`: the same problems and tool, but the lazy teacher skips the tool on a share r of ALL the
-  problems, whatever their factors: a model that imitates it calls the tool with probability ~1 - r on any
-  problem, so with r > 0.5 its greedy answer is a guess everywhere. For a pretrained model with a few hundred
+  problems, whatever their factors: a model that imitates it skips the tool with probability ~r on any problem
+  (greedy decoding may still call it: the estimates' first tokens spread over several digits, the call opens
+  with one - SmolLM2 after SFT at r 0.6 called it on 174 of 200 problems greedy, in 23% of episodes sampled).
+  For a pretrained model with a few hundred
   demonstrations (small_instruct_calculator_cpu), where `calculator`'s rule by leading digit is not picked up:
   SmolLM2 after SFT on `calculator` at r 0.6 called the tool on every problem, leaving RL nothing to add.
 - `guess_number`: the `GuessNumber` game on 1-32 (`rl.environment` / `eval.environment`
