@@ -95,17 +95,25 @@ def run_seed(recipe: str, seed: int, device: str, rl_steps: int | None, work: Pa
             tokenizer_dir=work / "tok", base_model_dir=None, out_dir=work / "sft", state_dir=work / "sft-state")
     sft_s = time.perf_counter() - t0
     sft = _eval(work / "sft", work / "ds", R.eval, R.reward, device)
-    rows = []
+    rows, first_model = [], None
     for a in algorithms:
-        rows.append(_rl_row(_resolve(recipe, seed, overrides, a), seed, model, rl_steps, work / f"rl-{a or 'recipe'}",
-                            work, sft, sft_s, device))
+        over = overrides
+        if a == "on_policy_distill":  # its teacher: the first algorithm's RL model of this seed
+            if first_model is None:
+                raise SystemExit("--algorithms: on_policy_distill needs an algorithm before it, whose RL model "
+                                 "is its teacher")
+            over = {**(overrides or {}), "rl": {**(overrides or {}).get("rl", {}), "teacher": str(first_model)}}
+        row, rl_dir = _rl_row(_resolve(recipe, seed, over, a), seed, model, rl_steps, work / f"rl-{a or 'recipe'}",
+                              work, sft, sft_s, device)
+        first_model = first_model or rl_dir
+        rows.append(row)
         if on_row:
             on_row(rows[-1])
     return rows
 
 
 def _rl_row(R, seed: int, model, rl_steps: int | None, work: Path, sft_work: Path, sft: dict, sft_s: float,
-            device: str) -> dict:
+            device: str) -> tuple[dict, Path]:
     out, times = {"seed": seed, "sft": sft}, {"sft_s": sft_s}
     rl = replace(R.rl, steps=rl_steps or R.rl.steps, checkpoint_every=0)
     t0 = time.perf_counter()
@@ -131,7 +139,9 @@ def _rl_row(R, seed: int, model, rl_steps: int | None, work: Path, sft_work: Pat
     alone = replace(R.eval, environment="", tools=[], episode=EpisodeConfig())
     out["rl_without_environment"] = _eval(rl_dir, sft_work / "ds", alone, R.reward, device)["greedy"]
     out["times"] = {k: round(v, 1) for k, v in times.items()}
-    return out
+    if rl.teacher:
+        out["teacher"] = "the first algorithm's RL model"
+    return out, rl_dir
 
 
 def _emit(row: dict, out: str) -> None:
@@ -151,7 +161,8 @@ def main() -> None:
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's, e.g. "
                     "'{\"rl\": {\"algorithm\": \"ppo\"}}'")
     ap.add_argument("--algorithms", nargs="+", default=[None], help="rl.algorithm of each RL run, every one "
-                    "from the seed's same SFT model (default: the recipe's)")
+                    "from the seed's same SFT model (default: the recipe's); on_policy_distill's teacher is the "
+                    "first one's RL model")
     ap.add_argument("--out", default="", help="also write the rows as JSON lines here")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

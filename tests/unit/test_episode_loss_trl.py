@@ -11,6 +11,9 @@ log-prob function replaced by the fixed values (TRL runs in a subprocess with it
 tests/unit/test_dense_losses_trl.py; trl is never imported here). Compared: loss_type "bnpo" (our token_mean),
 "grpo" (our seq_mean), "dr_grpo" (our seq_mean_token_sum_norm with TRL's max_completion_length), each with
 and without the k3 KL term (beta / rl.kl_coef), clipping engaged; and that dropping the mask changes the loss.
+
+And the episode itself: TRL's own tool loop (`_tool_call_loop`: its call parser, tool call and tool-result
+suffix), fed the same sampled turns, holds exactly our episode's prompt ids, response ids and mask.
 """
 
 from __future__ import annotations
@@ -140,3 +143,63 @@ def test_the_episode_policy_loss_equals_trls_with_its_tool_mask(case, loss_type,
                               normalizer=B * L if loss_type == "dr_grpo" else None)
         assert abs(float(ours) - theirs[f"{loss_type}/{beta}/{masked}"]) < 1e-6, (masked, float(ours), theirs)
     assert abs(theirs[f"{loss_type}/{beta}/True"] - theirs[f"{loss_type}/{beta}/False"]) > 1e-4  # the mask matters
+
+
+# Runs TRL's own tool loop (GRPOTrainer._tool_call_loop) on a scripted episode: its generation replaced by the
+# script's turns, its template and response parser bench/agent_trl.py's (the project's tool format as native
+# tool turns). Prints the prompt ids, TRL's completion ids, tool mask and log-probs as JSON.
+TRL_LOOP_SCRIPT = r'''
+import json, sys
+from types import SimpleNamespace
+sys.path.insert(0, sys.argv[1])  # bench/
+from agent_trl import calculator_tool, tool_tokenizer
+from trl.chat_template_utils import parse_response
+from trl.trainer.grpo_trainer import GRPOTrainer
+
+x = json.load(sys.stdin)
+tok, tool = tool_tokenizer(x["tok_dir"]), calculator_tool()
+turns = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in x["turns"]]
+prompt = [{"role": "user", "content": x["question"]}]
+prompt_ids = tok.apply_chat_template(prompt, tools=[tool], add_generation_prompt=True, tokenize=True, return_dict=False)
+t = object.__new__(GRPOTrainer)
+later = iter(turns[1:])
+t.__dict__.update(_sync_tool_dicts=[{"calculate": tool}], _async_tool_dicts=[{}], max_tool_calling_iterations=2,
+                  use_vllm=False, model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=4096)),
+                  max_completion_length=512, _is_vlm=False, tools=[tool], environment_factories=None, _tokenizer=tok,
+                  processing_class=tok, chat_template=None, chat_template_kwargs={},
+                  _generate_single_turn=lambda ids, *a, **k: ([next(later) for _ in ids], None))
+first = parse_response(tok, turns[0], prefix=prompt_ids, tools=[tool])
+mask, completions, completion_ids, logprobs, calls, failures, _ = t._tool_call_loop(
+    [list(prompt)], [prompt_ids], [list(turns[0])], [[first]], None, None, None)
+print(json.dumps({"prompt_ids": prompt_ids, "completion_ids": completion_ids[0], "tool_mask": mask[0],
+                  "calls": calls, "failures": failures, "last": completions[0][-1]["content"]}))
+'''
+
+
+def test_trls_own_tool_loop_builds_our_episode_token_for_token(tmp_path):
+    """The stronger parity check: TRL's own `_tool_call_loop` (its call parsing, tool execution and
+    `_get_tool_suffix_ids`), given the same sampled turns, holds exactly our episode's ids and mask - with a
+    template that renders our documented format as native tool turns (bench/agent_trl.py, which the TRL tool
+    bench uses)."""
+    from posttrain.models.io import load_tokenizer
+    from posttrain.models.tokenizer import train_tokenizer
+
+    train_tokenizer(TEXTS, 300, tmp_path)
+    tok = load_tokenizer(tmp_path)
+    stop = tok.eos_token_id
+    layout = EpisodeLayout.check(tok, [stop])
+    turns = [render_call("calculate", {"expression": "123 * 456"}), "The answer is 56088."]
+    question = "What is 123 * 456?"
+    (ep,) = run_episodes(Script(tok, stop, turns), layout, in_process(Calculator), [{}],
+                         [[{"role": "user", "content": question}]], n=1,
+                         limits=EpisodeLimits(max_turns=3, max_new_tokens=64), temperature=1.0, seed=0)
+    env = {**os.environ, "PYTHONPATH": str(_trl_dir()), "TOKENIZERS_PARALLELISM": "false"}
+    r = subprocess.run([str(ROOT / ".venv/bin/python"), "-c", TRL_LOOP_SCRIPT, str(ROOT / "bench")],
+                       input=json.dumps({"tok_dir": str(tmp_path), "question": question, "turns": turns}), env=env,
+                       check=False, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-4000:]
+    theirs = json.loads(r.stdout.strip().splitlines()[-1])
+    assert theirs["calls"] == 1 and theirs["failures"] == 0 and theirs["last"] == "The answer is 56088."
+    assert theirs["prompt_ids"] == ep.prompt_ids  # the tools block TRL renders from tools= is ours
+    assert theirs["completion_ids"] == ep.response_ids  # the call, the tool's result as appended, the answer
+    assert theirs["tool_mask"] == ep.sampled and 0 in ep.sampled
