@@ -51,9 +51,11 @@ class Plan(NamedTuple):
     reward_model: RewardModelConfig
     distill: DistillConfig
     pairs_from_samples: bool
+    pass_rate_enabled: bool
 """`sft_enabled` repeats `sft.enabled` as a plain bool: Flyte's `conditional` compares only primitive outputs.
 `pairs_from_samples`: the data are prompts, so dpo_pipeline and reward_model_pipeline make preference pairs from
-the SFT model's samples; false for preference data (data.schema 'preference'), which are the pairs."""
+the SFT model's samples; false for preference data (data.schema 'preference'), which are the pairs.
+`pass_rate_enabled` repeats `data.pass_rate.enabled`: `pipeline` selects RL's prompts by pass rate."""
 
 
 @task(container_image=cpu_image)
@@ -77,4 +79,4 @@ def plan(recipe: str, overrides: str, run_id: str, workflow: str = "pipeline") -
         print(f"plan: {note}")
     return Plan(rid, cfg.data, cfg.model, cfg.sft, cfg.eval, cfg.rl, cfg.reward, cfg.placement, cfg.tracking,
                 cfg.sft.enabled, cfg.pairs, cfg.dpo, cfg.reward_model, cfg.distill,
-                cfg.data.schema != DataSchema.PREFERENCE)
+                cfg.data.schema != DataSchema.PREFERENCE, cfg.data.pass_rate.enabled)

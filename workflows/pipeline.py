@@ -5,6 +5,8 @@
                                               ▼
             sft (Elastic, N ranks; skipped when sft.enabled=false) ─► model ─┬─► evaluate ─► eval
                                                                             └─► rl (Ray) ─► model ─► evaluate ─► eval
+    with data.pass_rate.enabled, RL's prompts are those the model solves sometimes:
+            model, dataset ─► select_prompts (k samples per train prompt) ─► dataset ─► rl
 
 Run locally from the repository root (no extra environment variables needed):
     pyflyte run workflows/pipeline.py pipeline                          # the embedded tiny_cpu default
@@ -47,6 +49,7 @@ from tasks.data import data_prep
 from tasks.evaluate import evaluate, evaluate_reward_model
 from tasks.model import given_model, start_model
 from tasks.pairs import given_pairs, make_pairs
+from tasks.pass_rate import all_prompts, select_prompts
 from tasks.plan import plan
 from tasks.rl import rl
 from tasks.sft import distill, dpo, reward_model, sft
@@ -89,8 +92,12 @@ def pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") ->
          .else_().then(given_model(start=s)))
     e1 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset,
                   run_id=p.run_id)
+    prompts = (conditional("prompts_by_pass_rate").if_(p.pass_rate_enabled.is_true())
+               .then(select_prompts(data=p.data, rl=p.rl, reward=p.reward, model=m, dataset=d.dataset,
+                                    run_id=p.run_id))
+               .else_().then(all_prompts(dataset=d.dataset)))
     r = rl(rl=p.rl, reward=p.reward, placement=p.placement, model=p.model, tracking=p.tracking, start_model=m,
-           dataset=d.dataset, run_id=p.run_id)
+           dataset=prompts, run_id=p.run_id)
     e2 = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=r, dataset=d.dataset,
                   run_id=p.run_id)
     return summarize(run_id=p.run_id, dataset=d.dataset, sft_model=m, sft_eval=e1.report, rl_model=r,

@@ -333,13 +333,15 @@ RECIPES: dict[str, Callable[[], PipelineConfig]] = {
 
 
 WORKFLOW_SECTIONS: dict[str, tuple[str, ...]] = {
+    "pipeline": ("pass_rate",),
     "dpo_pipeline": ("pairs", "dpo"),
     "reward_model_pipeline": ("pairs", "reward_model"),
     "distill_pipeline": ("distill",),
     "rlhf_pipeline": ("pairs", "reward_model", "rlhf"),
     "agent_pipeline": ("agent",),
 }
-"""The dense sections each workflow uses beyond data/model/sft/eval/rl (validated only there); others: none."""
+"""The sections each workflow uses beyond data/model/sft/eval/rl (validated only there; `pipeline`: the prompt
+selection by pass rate before RL); others: none."""
 
 
 def resolve(recipe: str = "tiny_cpu", overrides: str | dict = "", *, workflow: str | None = None) -> PipelineConfig:

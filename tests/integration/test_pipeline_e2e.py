@@ -54,6 +54,29 @@ def test_default_recipe_rl_raises_greedy_and_sampled_accuracy_with_lineage_and_w
     ids = dict(re.findall(r"(\w+_id)='([0-9a-f]{64})'", out.stdout))
     _assert_lineage(home, ids)
     _assert_one_wandb_run_per_stage(home, ids, out.stdout)
+    _assert_prompts_selected_by_pass_rate(home, ids)
+
+
+def _assert_prompts_selected_by_pass_rate(home: Path, ids: dict[str, str]) -> None:
+    """The same workflow again with data.pass_rate on (RL 2 steps, its own wandb off): data prep and SFT are
+    cache hits (the same SFT model); the selection task samples the SFT model, and RL trains on the selected
+    dataset, which the RL model names as its parent and which names the SFT model and the dataset."""
+    from posttrain.artifacts import ArtifactStore
+
+    over = {"rl": {"steps": 2}, "tracking": {"wandb": False},
+            "data": {"pass_rate": {"enabled": True, "samples_per_prompt": 4, "max_prompts": 256}}}
+    out = subprocess.run([str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", "pipeline",
+                          "--run_id", "e2e-pass-rate", "--overrides", json.dumps(over)],
+                         capture_output=True, text=True, timeout=900, env={**os.environ, "POSTTRAIN_HOME": str(home)},
+                         check=False, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert "pass_rate: kept" in out.stdout, out.stdout[-3000:]
+    again = dict(re.findall(r"(\w+_id)='([0-9a-f]{64})'", out.stdout))
+    store = ArtifactStore(str(home))
+    rl_model = store.manifest(again["rl_model_id"])
+    (selected,) = [p for p in rl_model.parents if store.manifest(p).extra.get("stage") == "pass_rate"]
+    assert sorted(store.manifest(selected).parents) == sorted([ids["sft_model_id"], ids["dataset_id"]])
+    assert again["sft_model_id"] == ids["sft_model_id"] and ids["dataset_id"] not in rl_model.parents
 
 
 def _assert_lineage(home: Path, ids: dict[str, str]) -> None:

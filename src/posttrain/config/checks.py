@@ -27,13 +27,16 @@ from posttrain.config.sections import (
     DataConfig,
     EvalConfig,
     ModelConfig,
+    PassRateConfig,
+    RLConfig,
     SFTConfig,
     TrackingConfig,
 )
 
-DENSE = ("pairs", "dpo", "reward_model", "distill", "rlhf")
+DENSE = ("pairs", "dpo", "reward_model", "distill", "rlhf", "pass_rate")
 """Sections a workflow may use beyond data/model/sft/eval/rl; "rlhf": RL gets the reward model the workflow
-trains (rlhf_pipeline), so reward.fn_weight 0 leaves RL a reward."""
+trains (rlhf_pipeline), so reward.fn_weight 0 leaves RL a reward; "pass_rate": the workflow selects RL's prompts
+by the start model's pass rate when data.pass_rate.enabled (pipeline)."""
 """The sections only some workflows use (dpo_pipeline: pairs + dpo, ...): `validate(cfg, sections=...)` checks
 those named; the others are left alone, so e.g. a 4-rank SFT run need not also fit DPO's batch to 4 ranks."""
 
@@ -56,6 +59,7 @@ def validate(cfg: PipelineConfig, sections: tuple[str, ...] = DENSE) -> Pipeline
         _check_distill(cfg.distill)
     if "pairs" in sections:
         _check_pairs(cfg.pairs, cfg.model)
+    _check_pass_rate(cfg.data.pass_rate, cfg.rl, selects="pass_rate" in sections)
     _check_eval(cfg.eval, cfg.model)
     _check_rl(cfg.rl, cfg.model)
     _check_reward(cfg.reward, trained_model="rlhf" in sections, environment=bool(cfg.rl.environment))
@@ -186,6 +190,28 @@ def _check_pairs(p: PairsConfig, m: ModelConfig) -> None:
     _check(p.eval_prompts >= 0, "pairs.eval_prompts", "must be >= 0 (0: every eval prompt)")
     _check(p.batch_size >= 1, "pairs.batch_size", "must be >= 1")
     _check(p.backend != RolloutBackend.VLLM or check_base.vllm_installed(), "pairs.backend", _NO_VLLM)
+
+
+def _check_pass_rate(p: PassRateConfig, r: RLConfig, *, selects: bool) -> None:
+    """`selects`: the workflow runs the selection (pipeline)."""
+    if not p.enabled:
+        for name in PassRateConfig.__dataclass_fields__:
+            _check(getattr(p, name) == getattr(PassRateConfig(), name), f"data.pass_rate.{name}",
+                   "only means something with data.pass_rate.enabled")
+        return
+    _check(selects, "data.pass_rate.enabled", "this workflow selects no prompts: the `pipeline` workflow does, "
+           "before RL")
+    _check(not (r.environment or r.tools), "data.pass_rate.enabled",
+           "not with rl.environment / rl.tools: a prompt's pass rate over multi-turn episodes is not measured")
+    _check(p.samples_per_prompt >= 2, "data.pass_rate.samples_per_prompt", "must be >= 2")
+    _check(0.0 <= p.min_rate < p.max_rate <= 1.0, "data.pass_rate.min_rate",
+           f"needs 0 <= min_rate < max_rate <= 1, got {p.min_rate} and {p.max_rate}")
+    _check(any(p.min_rate < k / p.samples_per_prompt < p.max_rate for k in range(p.samples_per_prompt + 1)),
+           "data.pass_rate.max_rate", f"no rate a prompt can have with {p.samples_per_prompt} samples lies strictly "
+           f"between {p.min_rate} and {p.max_rate}: every prompt would be left out")
+    _check(p.max_prompts >= 0, "data.pass_rate.max_prompts", "must be >= 0 (0: every train prompt)")
+    _check(p.batch_size >= 1, "data.pass_rate.batch_size", "must be >= 1")
+    _check(p.backend != RolloutBackend.VLLM or check_base.vllm_installed(), "data.pass_rate.backend", _NO_VLLM)
 
 
 def _check_eval(e: EvalConfig, m: ModelConfig) -> None:

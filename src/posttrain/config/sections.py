@@ -7,7 +7,7 @@ rules on which values and combinations are allowed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from posttrain.config.enums import (
     Arch,
@@ -39,6 +39,33 @@ BUILTIN_TASKS = ("addition", "chain", "calculator", "calculator_lazy", "guess_nu
 """The built-in tasks: `addition` and `chain` (posttrain.data.synthetic), `calculator` (and `calculator_lazy`, its
 teacher skipping the tool on any problem) played with a tool and `guess_number` played over several turns
 (posttrain.envs.tasks)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PassRateConfig:
+    """Prompt selection by pass rate (`data.pass_rate`, the `pipeline` workflow): before RL, the start model (the
+    SFT model) samples `samples_per_prompt` answers to each train prompt with RL's sampling settings
+    (rl.temperature, rl.top_p, rl.top_k, rl.max_new_tokens); each is scored by the reward function or verifier
+    (score >= 1 passes), and RL trains only on the prompts whose pass rate lies strictly between `min_rate` and
+    `max_rate` - by default those neither always nor never solved, the ones whose GRPO groups give a gradient.
+    The kept prompts are a `dataset` artifact (parents: the start model and the dataset; every sampled prompt's
+    rate in its info.json), cached on both and in the RL model's lineage. The eval split is kept whole."""
+    enabled: bool = False
+    """Select the RL prompts by the start model's pass rate."""
+    samples_per_prompt: int = 8
+    """Answers sampled per prompt (k): rates are multiples of 1/k."""
+    min_rate: float = 0.0
+    """Prompts with a pass rate at or below this are left out (0.0: the never-solved ones)."""
+    max_rate: float = 1.0
+    """Prompts with a pass rate at or above this are left out (1.0: the always-solved ones)."""
+    max_prompts: int = 0
+    """Train prompts sampled (the first ones of the train split; only those can be kept); 0: all of them."""
+    batch_size: int = 256
+    """Prompts per generation batch (transformers engine)."""
+    backend: RolloutBackend = RolloutBackend.TRANSFORMERS
+    """Generation engine: "transformers", or "vllm" (a separate install: `make install-vllm`)."""
+    seed: int = 0
+    """Sampling seed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +134,15 @@ class DataConfig:
     """Seed for synthetic generation and the train/eval split."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     """Tokenizer trained on the data for from-scratch models."""
+    pass_rate: PassRateConfig = field(default_factory=PassRateConfig)
+    """Before RL (`pipeline`), keep only the train prompts the start model sometimes solves
+    (posttrain.eval.pass_rate); not read by data prep, whose cache it does not key."""
+
+    def prep_settings(self) -> DataConfig:
+        """What data prep reads: these settings with `pass_rate` at its defaults (the selection after SFT keys
+        its own cache), so changing the selection does not re-run data prep."""
+        return replace(self, pass_rate=PassRateConfig())
+
 
 
 @dataclass(frozen=True, kw_only=True)

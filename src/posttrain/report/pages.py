@@ -4,6 +4,7 @@ for training runs, the per-step `history` in `extra`) and its files. The Flyte t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from posttrain.artifacts import ArtifactStore
@@ -78,6 +79,28 @@ def dataset_page(store: ArtifactStore, id_: str) -> str:
     m = store.manifest(id_)
     return page(f"Dataset {m.name}", [_about(m), _rows_section(m), _dropped_section(m),
                                       _lengths_section(store.get(id_))])
+
+
+def pass_rate_page(store: ArtifactStore, id_: str) -> str:
+    """RL's prompts selected by pass rate (data.pass_rate): how many prompts had each rate under the start model,
+    which were kept, and the counts."""
+    m = store.manifest(id_)
+    pr = json.loads((store.get(id_) / "info.json").read_text())["pass_rate"]
+    k, lo, hi = pr["samples_per_prompt"], pr["min_rate"], pr["max_rate"]
+    counts = [0] * (k + 1)
+    for _, rate in pr["rates"]:
+        counts[round(rate * k)] += 1
+    kept = [c if lo < j / k < hi else 0 for j, c in enumerate(counts)]
+    chart = charts.bar_chart("pass-rates", "Prompts by pass rate", [f"{j}/{k}" for j in range(k + 1)],
+                             {"kept": kept, "left out": [c - x for c, x in zip(counts, kept)]}, ylabel="prompts",
+                             stacked=True)
+    return page(f"Prompts by pass rate {m.name}", [_about(m), section("rates", "Pass rates", note(
+        f"The start model sampled {k} answers to each train prompt; a prompt is kept when its pass rate lies "
+        f"strictly between {lo} and {hi}. The eval split is kept whole."), chart, key_values({
+            "prompts measured": pr["sampled"], "kept": pr["kept"], "never solved": pr["never_solved"],
+            "always solved": pr["always_solved"], "mean rate": round(pr["mean_rate"], 3),
+            "failed reward calls": pr["reward_failures"], "start model": m.extra.get("source_model", "")[:12],
+            "dataset": m.extra.get("source_dataset", "")[:12]}))])
 
 
 def sft_page(store: ArtifactStore, id_: str) -> str:

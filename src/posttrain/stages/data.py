@@ -28,6 +28,7 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
     from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 
     store = store or ArtifactStore()
+    cfg = cfg.prep_settings()  # data.pass_rate is the selection's after SFT (stages.pass_rate), not data prep's
     key = store.cache_key("data_prep", to_dict(cfg), source_fingerprint(cfg), require_completions,
                           source_digest("data", "models/tokenizer.py", *(("envs",) if cfg.task in ENV_TASKS else ())))
     ds_ref = store.cache_get(key + "-dataset")
