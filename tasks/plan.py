@@ -59,9 +59,10 @@ the SFT model's samples; false for preference data (data.schema 'preference'), w
 
 
 @task(container_image=cpu_image)
-def plan(recipe: str, overrides: str, run_id: str, workflow: str = "pipeline") -> Plan:
-    """`workflow`: the calling workflow's name; the dense sections it uses (dpo, pairs, ...) are validated, the
-    others not (posttrain.recipes.WORKFLOW_SECTIONS)."""
+def plan(recipe: str, overrides: str, run_id: str, workflow: str = "") -> Plan:
+    """`workflow`: the calling workflow's name (every workflow passes its own); the sections it uses beyond
+    data/model/sft/eval/rl (dpo, pairs, pass_rate, ...) are validated, and settings of the others that would do
+    nothing refused where the checks say so (posttrain.recipes.WORKFLOW_SECTIONS; "": none)."""
     from posttrain.artifacts.run_ids import new_run_id
     from posttrain.recipes import resolve_with_notes
 

@@ -59,7 +59,7 @@ from tasks.summary import Summary, summarize
 @workflow
 def data_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> ArtifactRef:
     """Data prep only: writes (or finds in the cache) the dataset and tokenizer artifacts."""
-    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="data_pipeline")
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     return d.dataset
 
@@ -67,7 +67,7 @@ def data_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "
 @workflow
 def sft_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> Summary:
     """data prep -> SFT -> evaluation."""
-    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="sft_pipeline")
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     s = start_model(model=p.model, run_id=p.run_id)
     m = sft(model=p.model, sft=p.sft, tracking=p.tracking, dataset=d.dataset, tokenizer=d.tokenizer,
@@ -82,7 +82,7 @@ def sft_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = ""
 def pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> Summary:
     """data prep -> SFT -> evaluation -> RL (GRPO) -> evaluation: the main job of `make run`.
     With sft.enabled=false, RL (and the first evaluation) start from model.base_path / model.artifact."""
-    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="pipeline")
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     s = start_model(model=p.model, run_id=p.run_id)
     # A branch, not a pass-through inside the SFT task: no SPMD pod (or PyTorchJob) starts just to hand on s.
@@ -108,7 +108,7 @@ def pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") ->
 def eval_pipeline(recipe: str = "tiny_cpu", overrides: str = "", run_id: str = "") -> ArtifactRef:
     """Evaluate one existing model (model.base_path or model.artifact) on the dataset's eval split, with the
     recipe's eval settings; returns the `eval` artifact. `posttrain eval` does the same without Flyte."""
-    p = plan(recipe=recipe, overrides=overrides, run_id=run_id)
+    p = plan(recipe=recipe, overrides=overrides, run_id=run_id, workflow="eval_pipeline")
     d = data_prep(cfg=p.data, require_completions=False, run_id=p.run_id)  # evaluation needs no completions
     m = given_model(start=start_model(model=p.model, run_id=p.run_id))
     e = evaluate(cfg=p.eval, reward=p.reward, tracking=p.tracking, model=m, dataset=d.dataset,

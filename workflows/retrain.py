@@ -28,7 +28,7 @@ from tasks.sft import sft
 def retrain(recipe: str = "tiny_cpu", overrides: str = "", channel: str = "production", min_accuracy: float = 0.5,
             tolerance: float = 0.0, kickoff_time: datetime.datetime | None = None, require_gain: bool = False
             ) -> Promotion:
-    p = plan(recipe=recipe, overrides=overrides, run_id=retrain_run_id(kickoff_time=kickoff_time))
+    p = plan(recipe=recipe, overrides=overrides, run_id=retrain_run_id(kickoff_time=kickoff_time), workflow="retrain")
     d = data_prep(cfg=p.data, require_completions=p.sft.enabled, run_id=p.run_id)
     s = start_model(model=p.model, run_id=p.run_id)
     m = (conditional("retrain_sft_or_start_model").if_(p.sft_enabled.is_true())

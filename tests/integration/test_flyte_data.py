@@ -48,6 +48,18 @@ def test_invalid_config_is_rejected_before_any_work(home):
     assert not (home / "objects").exists() or not any((home / "objects").iterdir())
 
 
+@pytest.mark.parametrize("workflow", ["data_pipeline", "sft_pipeline"])
+def test_each_workflow_plans_as_itself(home, workflow):
+    """A workflow's plan checks the settings it would ignore: only `pipeline` selects prompts by pass rate, so
+    data.pass_rate.enabled is refused in the others (each passes its own name to plan)."""
+    import workflows.pipeline as wf
+
+    with pytest.raises(Exception) as e:
+        getattr(wf, workflow)(recipe="tiny_cpu", overrides='{"data": {"pass_rate": {"enabled": true}}}')
+    assert "data.pass_rate.enabled" in str(e.value) and "this workflow selects no prompts" in str(e.value)
+    assert not (home / "objects").exists() or not any((home / "objects").iterdir())
+
+
 def test_task_definition_settings_are_checked_against_the_config(home):
     from workflows.pipeline import data_pipeline
 

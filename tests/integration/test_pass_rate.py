@@ -65,6 +65,39 @@ def test_the_prompts_kept_are_those_the_model_solves_sometimes(tmp_path, tiny_sf
     assert r["metrics"]["never_solved"] == sum(v == 0 for v in rates.values()) and r["eval_same"]
 
 
+COLD = r"""
+import json, sys
+from dataclasses import replace
+from posttrain.config import EvalConfig, PassRateConfig, RewardConfig
+from posttrain.data.chat import encode_prompt
+from posttrain.data.examples import prompt_messages, read_examples
+from posttrain.data.verifiers import score
+from posttrain.eval.evaluate import generator
+from posttrain.eval.pass_rate import pass_rates
+from posttrain.models.io import load_tokenizer
+from posttrain.recipes import tiny_cpu
+home, model_dir, ds_dir, mode = sys.argv[1:5]
+rows = read_examples(ds_dir, "train")[:48]
+rl = replace(tiny_cpu().rl, temperature=1e-4)  # sampling this cold is greedy decoding but for near-ties
+rates, _ = pass_rates(rows, model_dir, PassRateConfig(enabled=True, samples_per_prompt=3), rl, RewardConfig())
+tok = load_tokenizer(model_dir)
+gen = generator(model_dir, tok, EvalConfig(max_new_tokens=rl.max_new_tokens))
+greedy = gen([encode_prompt(tok, prompt_messages(ex)) for ex in rows], temperature=0.0, n=1, on_batch=lambda d, t: 0)
+right = [float(score(ex["task"], tok.decode(g.response_ids, skip_special_tokens=True), ex["answer"]) >= 1.0)
+         for ex, g in zip(rows, greedy)]
+print("RESULT" + json.dumps({"rates": rates, "greedy": right}))
+"""
+
+
+def test_the_rates_are_the_models_own_answers_to_each_prompt(tmp_path, tiny_sft_model):
+    """Sampled (nearly) greedily, each prompt's rate is 0 or 1 and equals whether the model's greedy answer to THAT
+    prompt is right: samples are scored against their own prompt's answer and counted for it (a misgrouping would
+    disagree on about half of them). Two near-ties of the 48 are allowed."""
+    r, _ = stage_script.run(COLD, tmp_path / "home", tiny_sft_model, "")
+    assert set(r["rates"]) <= {0.0, 1.0} and 0.0 in r["greedy"] and 1.0 in r["greedy"]
+    assert sum(a != b for a, b in zip(r["rates"], r["greedy"])) <= 2, (r["rates"], r["greedy"])
+
+
 def test_a_model_that_never_solves_keeps_nothing_and_says_so(tmp_path, tiny_sft_model):
     r, _ = stage_script.run(SELECT, tmp_path / "home", tiny_sft_model, "untrained")
     assert "no train prompt has a pass rate strictly between 0.0 and 1.0 (64 of 64 never solved" in r["error"]
@@ -75,13 +108,16 @@ def test_a_model_that_never_solves_keeps_nothing_and_says_so(tmp_path, tiny_sft_
     ("pipeline", {"samples_per_prompt": 4}, "data.pass_rate.samples_per_prompt"),  # set but not enabled
     ("pipeline", {"enabled": True, "min_rate": 0.5, "max_rate": 0.6}, "data.pass_rate.max_rate"),  # no k/8 there
     ("agent_pipeline", {"enabled": True}, "data.pass_rate.enabled"),
+    ("pipeline", {"enabled": True}, "data.pass_rate.enabled"),  # with rl.enabled false (below)
 ])
 def test_pass_rate_settings_that_would_do_nothing_are_refused(workflow, pass_rate, field):
     from posttrain.config import ConfigError
     from posttrain.recipes import resolve
 
     recipe = "tiny_calculator" if workflow == "agent_pipeline" else "tiny_cpu"
+    rl_off = pass_rate == {"enabled": True} and workflow == "pipeline"
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        resolve(recipe, json.dumps({"data": {"pass_rate": pass_rate}}), workflow=workflow)
+        resolve(recipe, json.dumps({"data": {"pass_rate": pass_rate}, **({"rl": {"enabled": False}} if rl_off else {})}),
+                workflow=workflow)
     if workflow == "pipeline" and pass_rate.get("enabled") is None:
         resolve(recipe, json.dumps({"data": {"pass_rate": {**pass_rate, "enabled": True}}}), workflow=workflow)

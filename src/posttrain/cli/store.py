@@ -72,8 +72,8 @@ def _tree_json(node: LineageNode) -> dict:
 
 # ------------------------------------------------------------------------------------- runs and show
 
-STAGE_ORDER = ("dataset", "tokenizer", "base", "model", "sft", "pairs", "dpo", "reward_model", "distill", "rl",
-               "eval", "eval_pairs", "decision")
+STAGE_ORDER = ("dataset", "tokenizer", "base", "model", "sft", "pairs", "dpo", "reward_model", "distill",
+               "pass_rate", "rl", "eval", "eval_pairs", "decision")
 """Pipeline order: it breaks ties between artifacts created in the same second."""
 
 TRAINED = ("rl", "dpo", "reward_model", "distill", "sft")
@@ -84,7 +84,8 @@ HEADLINE = ("greedy_accuracy", "sampled_accuracy", "pass_at_k", "num_problems")
 
 KEY_METRICS = {"eval": HEADLINE, "eval_pairs": ("pairwise_accuracy", "num_pairs", "margin_mean"),
                "sft": ("loss",), "dpo": ("loss", "accuracy", "rewards/margin"), "reward_model": ("loss", "accuracy"),
-               "distill": ("loss", "ce"), "pairs": ("num_train", "num_eval", "all_correct", "all_wrong")}
+               "distill": ("loss", "ce"), "pairs": ("num_train", "num_eval", "all_correct", "all_wrong"),
+               "pass_rate": ("num_train", "sampled", "never_solved", "always_solved")}
 """Per stage, the metrics `runs` lists beside the artifact (a trainer's are its last step's: `accuracy` is DPO's
 preference accuracy or a reward model's, on the last batch)."""
 
@@ -171,7 +172,7 @@ def _headline(metrics: dict) -> str:
 def _summary(stage: str, metrics: dict) -> str:
     """A stage's key metrics in words ("" for a stage without any): an eval's accuracies, a reward model eval's
     pairwise accuracy, a trainer's final loss (and DPO's preference accuracy, a reward model's accuracy, a
-    distilled model's cross-entropy), a pairs dataset's counts."""
+    distilled model's cross-entropy), a pairs dataset's counts, a pass-rate selection's."""
     g = metrics.get
     if stage == "eval":
         return _headline(metrics)
@@ -181,6 +182,9 @@ def _summary(stage: str, metrics: dict) -> str:
     if stage == "pairs":
         return (f"{_fmt(g('num_train'))} train / {_fmt(g('num_eval'))} eval pairs  (prompts all correct "
                 f"{_fmt(g('all_correct'))}, all wrong {_fmt(g('all_wrong'))})")
+    if stage == "pass_rate":
+        return (f"{_fmt(g('num_train'))} of {_fmt(g('sampled'))} train prompts kept  (never solved "
+                f"{_fmt(g('never_solved'))}, always {_fmt(g('always_solved'))})")
     if stage in ("sft", "dpo", "reward_model", "distill") and "loss" in metrics:
         extra = {"dpo": ("preference accuracy", "accuracy"), "reward_model": ("accuracy", "accuracy"),
                  "distill": ("ce", "ce")}.get(stage)

@@ -201,6 +201,7 @@ def _check_pass_rate(p: PassRateConfig, r: RLConfig, *, selects: bool) -> None:
         return
     _check(selects, "data.pass_rate.enabled", "this workflow selects no prompts: the `pipeline` workflow does, "
            "before RL")
+    _check(r.enabled, "data.pass_rate.enabled", "rl.enabled is false: no RL step would train on the selection")
     _check(not (r.environment or r.tools), "data.pass_rate.enabled",
            "not with rl.environment / rl.tools: a prompt's pass rate over multi-turn episodes is not measured")
     _check(p.samples_per_prompt >= 2, "data.pass_rate.samples_per_prompt", "must be >= 2")

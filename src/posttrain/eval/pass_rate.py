@@ -58,6 +58,10 @@ def pass_rates(rows: list[dict], model_dir: str | Path, cfg: PassRateConfig, rl:
     with RewardScorer(reward) as scorer:
         scorer.check_arguments({c for ex in rows for c in (ex.get("columns") or {})})
         results = scorer.score([RewardSample.from_example(rows[i // k], t) for i, t in enumerate(texts)])
+    failed = [r.failure for r in results if r.failure is not None]
+    if len(failed) > rl.max_reward_failure_rate * len(results):  # a broken reward is not "never solved"
+        raise ValueError(f"data.pass_rate: {len(failed)} of {len(results)} reward calls failed (more than "
+                         f"rl.max_reward_failure_rate = {rl.max_reward_failure_rate}), e.g. {failed[0]}")
     passed = [r.failure is None and r.score >= 1.0 for r in results]
     rates = [sum(passed[i * k:(i + 1) * k]) / k for i in range(len(rows))]
     return rates, {"reward_failures": sum(r.failure is not None for r in results),

@@ -28,7 +28,8 @@ def select_prompts(data: DataConfig, rl: RLConfig, reward: RewardConfig, *, mode
     sampling = {"temperature": rl.temperature, "top_p": rl.top_p, "top_k": rl.top_k,
                 "max_new_tokens": rl.max_new_tokens}
     key = store.cache_key("pass_rate", to_dict(cfg), sampling, to_dict(reward), model.id, dataset.id,
-                          source_digest("eval", "models", "rewards", "data/verifiers.py", "data/examples.py"))
+                          source_digest("eval", "models", "rewards", "data/verifiers.py", "data/examples.py",
+                                        "data/chat.py", "rl/roles/rollout_vllm.py"))
     hit = store.cache_get(key)
     if hit is not None:
         print(f"pass_rate: cache hit -> dataset {hit.short}")
