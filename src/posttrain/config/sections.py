@@ -7,7 +7,7 @@ rules on which values and combinations are allowed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from posttrain.config.enums import (
     Arch,
@@ -137,11 +137,6 @@ class DataConfig:
     pass_rate: PassRateConfig = field(default_factory=PassRateConfig)
     """Before RL (`pipeline`), keep only the train prompts the start model sometimes solves
     (posttrain.eval.pass_rate); not read by data prep, whose cache it does not key."""
-
-    def prep_settings(self) -> DataConfig:
-        """What data prep reads: these settings with `pass_rate` at its defaults (the selection after SFT keys
-        its own cache), so changing the selection does not re-run data prep."""
-        return replace(self, pass_rate=PassRateConfig())
 
 
 

@@ -28,8 +28,9 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
     from posttrain.models.tokenizer import tokenizer_training_texts, train_tokenizer
 
     store = store or ArtifactStore()
-    cfg = cfg.prep_settings()  # data.pass_rate is the selection's after SFT (stages.pass_rate), not data prep's
-    key = store.cache_key("data_prep", to_dict(cfg), source_fingerprint(cfg), require_completions,
+    # data.pass_rate is the selection's after SFT (stages.pass_rate): neither in data prep's key nor its record
+    settings = {k: v for k, v in to_dict(cfg).items() if k != "pass_rate"}
+    key = store.cache_key("data_prep", settings, source_fingerprint(cfg), require_completions,
                           source_digest("data", "models/tokenizer.py", *(("envs",) if cfg.task in ENV_TASKS else ())))
     ds_ref = store.cache_get(key + "-dataset")
     tok_ref = store.cache_get(key + "-tokenizer") if cfg.tokenizer.train else None
@@ -41,7 +42,7 @@ def data_prep(cfg: DataConfig, *, require_completions: bool, run_id: str,
     with tempfile.TemporaryDirectory(prefix="posttrain-data-") as tmp:
         ds_dir = Path(tmp) / "dataset"
         info = prepare_dataset(cfg, ds_dir, require_completions=require_completions, tasks=ENV_TASKS)
-        ds_ref = store.put("dataset", name, ds_dir, run_id=run_id, parents=[], config=to_dict(cfg),
+        ds_ref = store.put("dataset", name, ds_dir, run_id=run_id, parents=[], config=settings,
                            metrics={"num_train": info.num_train, "num_eval": info.num_eval,
                                     "num_duplicates": info.num_duplicates,
                                     "num_eval_in_train": info.num_eval_in_train,
