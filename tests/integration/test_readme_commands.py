@@ -151,4 +151,4 @@ def test_every_readme_command_runs_as_written_or_is_covered_elsewhere(tmp_path):
         if "wandb sync" in filled:
             assert "Would sync 4 run(s)" in out.stdout + out.stderr, out.stdout + out.stderr
         if "register" in filled:
-            assert "Successfully registered 37 entities" in out.stdout, out.stdout[-2000:]  # + agent_pipeline and its plan
+            assert "Successfully registered 39 entities" in out.stdout, out.stdout[-2000:]  # + the pass-rate tasks
