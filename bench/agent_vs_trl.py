@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ siblings
 from default_seeds import _commit
-from rl_vs_trl import cache_dir, install_trl
+from rl_vs_trl import cache_dir, run_trl_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,19 +133,11 @@ def run_project(recipe, rl_cfg, store, model_ref, ds_ref) -> dict:
 def run_trl(recipe, rl_cfg, store, model_ref, ds_ref, threads: int) -> dict:
     from posttrain.config import to_dict
 
-    site = install_trl()
     model_dir = store.get(model_ref)
     with tempfile.TemporaryDirectory(prefix="bench-agent-trl-") as tmp:
         spec = {"model_dir": str(model_dir), "out_dir": tmp, "threads": threads, "seed": rl_cfg.seed,
                 "rl": to_dict(rl_cfg), "prompts": episode_prompts(recipe, rl_cfg, model_dir, store.get(ds_ref))}
-        (Path(tmp) / "in.json").write_text(json.dumps(spec))
-        env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT / 'src'}", "WANDB_MODE": "disabled",
-               "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
-        t0 = time.perf_counter()
-        subprocess.run([str(ROOT / ".venv/bin/python"), str(ROOT / "bench/agent_trl.py"), f"{tmp}/in.json",
-                        f"{tmp}/out.json"], cwd=ROOT, env=env, check=True)
-        total = time.perf_counter() - t0
-        out = json.loads((Path(tmp) / "out.json").read_text())
+        out, total = run_trl_script("agent_trl.py", spec, Path(tmp))
         ref = store.put("model", "trl-grpo-tools", Path(tmp) / "model", run_id="bench-agent-trl",
                         parents=[model_ref.id, ds_ref.id], config={"rl": to_dict(rl_cfg), "trainer": "trl"})
     return {"model": ref, "wall_s": out["wall_s"], "total_s": total, "step_s": out["step_s"],

@@ -123,23 +123,27 @@ def trl_prompts(recipe, rl_cfg, model_dir: Path, ds_dir: Path) -> list[dict]:
     return out
 
 
+def run_trl_script(script: str, spec: dict, tmp: Path) -> tuple[dict, float]:
+    """Run bench/`script` (a TRL side: IN.json -> OUT.json) in the throwaway TRL environment; returns its output
+    and the process's wall seconds end to end (imports, model load, trainer set-up, train, save)."""
+    (tmp / "in.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(install_trl()), "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}  # no hub here; TRL pings telemetry otherwise
+    t0 = time.perf_counter()
+    subprocess.run([str(ROOT / ".venv/bin/python"), str(ROOT / "bench" / script), str(tmp / "in.json"),
+                    str(tmp / "out.json")], cwd=ROOT, env=env, check=True)
+    return json.loads((tmp / "out.json").read_text()), time.perf_counter() - t0
+
+
 def run_trl(recipe, rl_cfg, store, model_ref, ds_ref, threads: int) -> dict:
     from posttrain.config import to_dict
 
-    site = install_trl()
     model_dir = store.get(model_ref)
     with tempfile.TemporaryDirectory(prefix="bench-rl-trl-") as tmp:
         spec = {"model_dir": str(model_dir), "out_dir": tmp, "threads": threads, "seed": rl_cfg.seed,
                 "rl": to_dict(rl_cfg), "prompts": trl_prompts(recipe, rl_cfg, model_dir, store.get(ds_ref)),
                 "lora": to_dict(recipe.model.lora) if recipe.model.lora else None}
-        (Path(tmp) / "in.json").write_text(json.dumps(spec))
-        env = {**os.environ, "PYTHONPATH": str(site), "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
-               "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}  # no hub here; TRL pings telemetry otherwise
-        t0 = time.perf_counter()  # the process end to end: imports, model load, trainer set-up, train, save
-        subprocess.run([str(ROOT / ".venv/bin/python"), str(ROOT / "bench/rl_trl.py"), f"{tmp}/in.json",
-                        f"{tmp}/out.json"], cwd=ROOT, env=env, check=True)
-        total = time.perf_counter() - t0
-        out = json.loads((Path(tmp) / "out.json").read_text())
+        out, total = run_trl_script("rl_trl.py", spec, Path(tmp))
         ref = store.put("model", "trl-grpo", Path(tmp) / "model", run_id="bench-rl-trl",
                         parents=[model_ref.id, ds_ref.id], config={"rl": to_dict(rl_cfg), "trainer": "trl"})
     return {"model": ref, "wall_s": out["wall_s"], "total_s": total, "step_s": out["step_s"],
