@@ -44,12 +44,18 @@ class PairsInfo:
     generated_tokens: int
 
 
+def sample_and_score(rows: list[dict], gen, tok, scorer: RewardScorer, *, n: int, temperature: float) -> tuple:
+    """n samples of each row's prompt (its own chat template) from `gen` (eval.evaluate.generator), decoded and
+    scored: (generations, texts, results), the n of row i at [i * n, (i + 1) * n)."""
+    prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in rows]
+    samples = gen(prompts, temperature=temperature, n=n, on_batch=lambda done, total: None)
+    texts = [tok.decode(g.response_ids, skip_special_tokens=True) for g in samples]
+    return samples, texts, scorer.score([RewardSample.from_example(rows[i // n], t) for i, t in enumerate(texts)])
+
+
 def _pairs_for(rows: list[dict], gen, tok, scorer: RewardScorer, cfg: PairsConfig) -> tuple[list[dict], dict]:
     k = cfg.samples_per_prompt
-    prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in rows]
-    samples = gen(prompts, temperature=cfg.temperature, n=k, on_batch=lambda done, total: None)
-    texts = [tok.decode(g.response_ids, skip_special_tokens=True) for g in samples]
-    results = scorer.score([RewardSample.from_example(rows[i // k], t) for i, t in enumerate(texts)])
+    samples, texts, results = sample_and_score(rows, gen, tok, scorer, n=k, temperature=cfg.temperature)
     pairs, counts = [], {"all_correct": 0, "all_wrong": 0,
                          "reward_failures": sum(r.failure is not None for r in results),
                          "generated_tokens": sum(len(g.response_ids) for g in samples)}

@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from posttrain.config import EvalConfig, PassRateConfig, RewardConfig, RLConfig
-from posttrain.data.chat import encode_prompt
-from posttrain.data.examples import prompt_messages, read_examples, write_dataset
+from posttrain.data.examples import read_examples, write_dataset
+from posttrain.eval.pairs import sample_and_score
 from posttrain.models.io import load_tokenizer
-from posttrain.rewards import RewardSample, RewardScorer
+from posttrain.rewards import RewardScorer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,12 +52,9 @@ def pass_rates(rows: list[dict], model_dir: str | Path, cfg: PassRateConfig, rl:
                                                max_new_tokens=rl.max_new_tokens, batch_size=cfg.batch_size,
                                                seed=cfg.seed, backend=cfg.backend), device)
     k = cfg.samples_per_prompt
-    samples = gen([encode_prompt(tok, prompt_messages(ex)) for ex in rows], temperature=rl.temperature, n=k,
-                  on_batch=lambda done, total: None)
-    texts = [tok.decode(g.response_ids, skip_special_tokens=True) for g in samples]
     with RewardScorer(reward) as scorer:
         scorer.check_arguments({c for ex in rows for c in (ex.get("columns") or {})})
-        results = scorer.score([RewardSample.from_example(rows[i // k], t) for i, t in enumerate(texts)])
+        samples, _, results = sample_and_score(rows, gen, tok, scorer, n=k, temperature=rl.temperature)
     failed = [r.failure for r in results if r.failure is not None]
     if len(failed) > rl.max_reward_failure_rate * len(results):  # a broken reward is not "never solved"
         raise ValueError(f"data.pass_rate: {len(failed)} of {len(results)} reward calls failed (more than "
