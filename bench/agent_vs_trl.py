@@ -85,7 +85,7 @@ def _sft_rank(recipe_name: str, seed: int) -> None:
 def episode_prompts(recipe, rl_cfg, model_dir: Path, ds_dir: Path) -> list[dict]:
     """The project's episode prompts in the order its PromptSampler hands them out, step by step: the row's turns
     without the tools' system turn (TRL's template renders it from `tools=`) and the project's ids."""
-    from posttrain.data.examples import read_examples
+    from posttrain.data.examples import episode_prompt, read_examples
     from posttrain.envs.builtin import Calculator
     from posttrain.envs.calls import tools_block
     from posttrain.envs.plan import checked_layout
@@ -101,7 +101,7 @@ def episode_prompts(recipe, rl_cfg, model_dir: Path, ds_dir: Path) -> list[dict]
     sampler = PromptSampler(read_examples(ds_dir, "train"), load_tokenizer(model_dir),
                             prompts_per_step=rl_cfg.prompts_per_step, seed=rl_cfg.seed,
                             max_prompt_len=recipe.model.max_seq_len - rl_cfg.episode.max_total_tokens,
-                            episode_ids=lambda messages: layout.prompt_ids(messages, specs, None))
+                            prompt_of=episode_prompt, encode=lambda messages: layout.prompt_ids(messages, specs, None))
     out = []
     for _ in range(rl_cfg.steps):
         b = sampler.next_batch(policy_version=0)

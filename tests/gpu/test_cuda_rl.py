@@ -217,7 +217,7 @@ if registry.uses_reference(rl):
     reference = ReferenceWorker(md, 0, 1, cfg=rl, model_cfg=MODEL)
     groups["reference"] = ReferenceGroup([LocalActor(reference)], [reference.identity()], t)
 settings = registry.RunSettings(rl=rl, reward=R.reward, placement=R.placement, model=MODEL, start_model_dir=md)
-groups.update(composed.episode_rollout(settings, groups, max_seq_len=MODEL.max_seq_len))
+groups.update(registry.stand_ins(settings, groups, max_seq_len=MODEL.max_seq_len))
 ep = groups["rollout"]
 sampler = composed.prompt_sampler(read_examples(d / "ds", "train"), load_tokenizer(md), rl, ep, MODEL.max_seq_len)
 t0 = time.perf_counter()

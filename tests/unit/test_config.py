@@ -103,7 +103,7 @@ def test_invalid_values_name_the_field(overrides, field):
 
 def test_an_environment_may_be_the_whole_reward():
     """rl.environment with reward.fn_weight 0: the environment's own rewards are the reward (whether it gives any
-    is checked when its workers start, roles.composed.episode_rollout)."""
+    is checked when its workers start, roles.episode_rollout.compose)."""
     cfg = resolve("tiny_cpu", '{"rl": {"environment": "posttrain.envs.builtin:Calculator", "episode": {"max_total_tokens": 24}}, '
                               '"reward": {"fn_weight": 0}}')
     assert cfg.rl.environment == "posttrain.envs.builtin:Calculator" and cfg.rl.episode.max_total_tokens == 24 and cfg.reward.fn_weight == 0

@@ -15,13 +15,7 @@ from posttrain.config.enums import (
     RolloutBackend,
 )
 from posttrain.config.pipeline import PipelineConfig
-from posttrain.config.rl_checks import (
-    _check_episode_settings,
-    _check_episodes,
-    _check_placement,
-    _check_reward,
-    _check_rl,
-)
+from posttrain.config.rl_checks import _check_episode_settings, _check_rl_run
 from posttrain.config.sections import (
     BUILTIN_TASKS,
     DataConfig,
@@ -61,10 +55,7 @@ def validate(cfg: PipelineConfig, sections: tuple[str, ...] = DENSE) -> Pipeline
         _check_pairs(cfg.pairs, cfg.model)
     _check_pass_rate(cfg.data.pass_rate, cfg.rl, selects="pass_rate" in sections)
     _check_eval(cfg.eval, cfg.model)
-    _check_rl(cfg.rl, cfg.model)
-    _check_reward(cfg.reward, trained_model="rlhf" in sections, environment=bool(cfg.rl.environment))
-    _check_placement(cfg.placement, cfg.rl)
-    _check_episodes(cfg.rl, cfg.model, cfg.placement)
+    _check_rl_run(cfg.rl, cfg.reward, cfg.placement, cfg.model, trained_model="rlhf" in sections)
     if "agent" in sections:  # agent_pipeline: RL and both evaluations play in an environment
         for name, section in (("rl", cfg.rl), ("eval", cfg.eval)):
             _check(bool(section.environment or section.tools), f"{name}.environment",

@@ -14,9 +14,19 @@ from posttrain.config.enums import MismatchCorrection, Parallelism, PlacementMod
 from posttrain.config.sections import EpisodeConfig, ModelConfig, PlacementConfig, RewardConfig, RLConfig
 
 
+def _check_rl_run(r: RLConfig, w: RewardConfig, p: PlacementConfig, m: ModelConfig, *, trained_model: bool) -> None:
+    """Every check of the RL run's sections, in order: the algorithm and its settings, the reward, the placement of
+    its roles, each role's own settings (multi-turn episodes: the environment role). A new role's checks join here,
+    so config/checks.validate does not change."""
+    _check_rl(r, m)
+    _check_reward(w, trained_model=trained_model, environment=bool(r.environment))
+    _check_placement(p, r)
+    _check_episodes(r, m, p)
+
+
 def _check_reward(w: RewardConfig, *, trained_model: bool = False, environment: bool = False) -> None:
     """`environment`: rl.environment is set - its own rewards may be the whole reward (reward.fn_weight 0; that
-    it gives any is checked when its workers start: roles.composed.episode_rollout)."""
+    it gives any is checked when its workers start: roles.episode_rollout.compose)."""
     _check(w.fn == "" or _is_import_path(w.fn), "reward.fn", "must look like 'module:function'")
     _check(w.timeout_s > 0, "reward.timeout_s", "must be > 0")
     _check(w.memory_mb >= 0, "reward.memory_mb", "must be >= 0 (0: no limit)")

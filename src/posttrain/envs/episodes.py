@@ -38,24 +38,10 @@ from typing import Protocol
 from posttrain.envs.calls import CallError, parse_call, response_turn, tools_block
 from posttrain.envs.host import ToolFailure
 from posttrain.envs.tools import ToolError, ToolSpec
-from posttrain.models.generate import Generation
+from posttrain.models.generate import Sampler
 
 _MARK = "\u2063MARK\u2063"
 """A content string no template rewrites, to find where the template puts an assistant message's content."""
-
-
-class Sampler(Protocol):
-    """What samples from the policy (the rollout engines of posttrain.rl.roles.rollout implement it, with
-    weight loading on top). `tokenizer` decodes the responses."""
-
-    tokenizer: object
-
-    def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int,
-                 seed: int, top_p: float = 1.0, top_k: int = 0) -> list[Generation]:
-        """n samples per prompt (prompt-major), each stopped at any of the model's EOS ids. Every token's
-        log-prob is that of the distribution it was sampled from (temperature, top_k, top_p, renormalised:
-        posttrain.models.generate.sampling_logprobs), which the policy's drift check recomputes."""
-        ...
 
 
 @dataclass(frozen=True, kw_only=True)

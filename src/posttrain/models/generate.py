@@ -29,6 +29,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
@@ -43,6 +44,21 @@ class Generation:
     """Per response token: the chosen token's log-prob under the distribution it was sampled from
     (`sampling_logprobs`: temperature, top-k, top-p, renormalised); log_softmax(logits) if greedy."""
     finished: bool
+
+
+class Sampler(Protocol):
+    """What samples from a model: the rollout engines of posttrain.rl.roles.rollout (with weight loading on top),
+    the evaluated model of posttrain.eval.episodes; multi-turn episodes (posttrain.envs.episodes.run_episodes)
+    drive any of them. `tokenizer` decodes the responses."""
+
+    tokenizer: object
+
+    def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_new_tokens: int,
+                 seed: int, top_p: float = 1.0, top_k: int = 0) -> list[Generation]:
+        """n samples per prompt (prompt-major), each stopped at any of the model's EOS ids. Every token's
+        log-prob is that of the distribution it was sampled from (temperature, top_k, top_p, renormalised:
+        sampling_logprobs), which the policy's drift check recomputes."""
+        ...
 
 
 def _truncation_mask(logits: torch.Tensor, top_p: float, top_k: int,

@@ -150,7 +150,7 @@ class Controller:
                  "wandb_id": getattr(self.tracker, "wandb_id", None)}
         ref = self.checkpointer.save(step=self.step_count, policy_version=self.version, groups=self.groups,
                                      controller_state=state, history=[m.flat() for m in self.history],
-                                     episodes=self.history[-1].episodes if self.history else [])
+                                     transcripts=self.history[-1].transcripts if self.history else [])
         self.model_id = ref.id
 
 

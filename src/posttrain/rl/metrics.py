@@ -65,14 +65,15 @@ class StepMetrics:
     """1 - sum(compute_s) / step_s."""
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
     """The algorithm's own metrics under their own names ("critic/value_loss", "adv/mean", ...)."""
-    episodes: list[dict] = dataclasses.field(default_factory=list)
-    """Multi-turn episodes: the step's first few, {"prompt", "turns": [[who, text]...], "reward"}; not a number,
-    so not in `flat()` (the RL model's manifest keeps the last step's: the RL page shows them)."""
+    transcripts: list[dict] = dataclasses.field(default_factory=list)
+    """The rows the rollout shows turn by turn (Trajectories.transcripts: a few multi-turn episodes), each
+    {"prompt", "turns": [[who, text]...], "reward"}; not a number, so not in `flat()` (the RL model's manifest
+    keeps the last step's under "episodes": the RL page shows them)."""
 
     def flat(self) -> dict[str, float | int]:
         """One flat dict of numbers (for wandb, console lines and manifests)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("phase_s", "compute_s", "reward_failure_example", "extra", "episodes")}
+               if f.name not in ("phase_s", "compute_s", "reward_failure_example", "extra", "transcripts")}
         out.update({f"time/{k}_s": v for k, v in self.phase_s.items()})
         out.update({f"compute/{k}_s": v for k, v in self.compute_s.items()})
         out.update(self.extra)
@@ -99,10 +100,10 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
     n_tokens = sum(trained_tokens(traj, i) for i in range(len(traj.response_ids)))  # sampled tokens only
     u = (stats.kl, stats.entropy, stats.clip_fraction, stats.loss, stats.grad_norm, stats.drift) if stats \
         else (0.0,) * 6
-    tokens_per_s = n_tokens / max(phase_s["rollout"], 1e-9)  # the rollout's wall, the environment's answers included
-    if traj.episodes:  # the environment's answers within the rollout are its phase (with its scoring, if any)
-        phase_s = {**phase_s, "rollout": max(phase_s["rollout"] - traj.env_s, 0.0),
-                   "environment": phase_s.get("environment", 0.0) + traj.env_s}
+    tokens_per_s = n_tokens / max(phase_s["rollout"], 1e-9)  # the rollout's wall, other roles' parts included
+    for role, seconds in traj.sub_phase_s.items():  # e.g. the environment's answers: its phase, not the rollout's
+        phase_s = {**phase_s, "rollout": max(phase_s["rollout"] - seconds, 0.0),
+                   role: phase_s.get(role, 0.0) + seconds}
     return StepMetrics(
         step=step, policy_version=version, reward_mean=mean,
         reward_std=(sum((s - mean) ** 2 for s in scores) / len(scores)) ** 0.5,
@@ -113,28 +114,19 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
         response_len_mean=n_tokens / len(traj.response_ids),
         generated_tokens=n_tokens, generated_tokens_per_s=tokens_per_s,
         phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s),
-        extra={**outcome.extra, **episode_metrics(traj),
+        extra={**outcome.extra, **notes_metrics(traj),
                **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max,
                    "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})},
-        episodes=[{"prompt": traj.messages[i][-1]["content"] if traj.messages[i] else "",
+        transcripts=[{"prompt": traj.messages[i][-1]["content"] if traj.messages[i] else "",
                    "turns": [list(t) for t in turns], "reward": scores[i]} for i, turns in traj.transcripts])
 
 
-def episode_metrics(traj: Trajectories) -> dict[str, float]:
-    """Multi-turn episodes' metrics (none for single-turn rollouts): turns and tool calls per episode, the share
-    that finished (answered before a limit), failed tool calls in the step (env/tool_errors; env/timeouts of
-    them; env/failures/<kind> each kind: raised, timeout, died, out_of_memory, not_text, unknown_tool, bad_call)."""
-    eps = traj.episodes
-    if not eps:
+def notes_metrics(traj: Trajectories) -> dict[str, float]:
+    """The metrics of the rows' notes (Trajectories.notes: a multi-turn episode's env/*), by their type's
+    `step_metrics`; none for a rollout that leaves no notes."""
+    if not traj.notes:
         return {}
-    n = len(eps)
-    out = {"env/turns_mean": sum(e.turns for e in eps) / n, "env/tool_calls_mean": sum(e.tool_calls for e in eps) / n,
-           "env/finished": sum(traj.finished) / n,
-           "env/tool_errors": float(sum(sum(e.failures.values()) for e in eps)),
-           "env/timeouts": float(sum(e.failures.get("timeout", 0) for e in eps))}
-    for kind in sorted({k for e in eps for k in e.failures}):
-        out[f"env/failures/{kind}"] = float(sum(e.failures.get(kind, 0) for e in eps))
-    return out
+    return type(traj.notes[0]).step_metrics(traj.notes, traj.finished)
 
 
 def failure_line(m: StepMetrics) -> str:

@@ -122,7 +122,7 @@ class ControllerActor:
         self.checkpointer = Checkpointer(
             state_dir=spec.state_dir, store_root=spec.store_root, run_id=spec.run_id, parents=spec.parents,
             config=config, extra={"reward": reward_identity(spec.reward_cfg, [e.get("task") for e in examples]),
-                                  **({"environment": groups["environment"].identity} if "environment" in groups else {}),
+                                  **registry.lineage(ctx.settings, groups),
                                   "start_model": spec.start_model_id, "algorithm": cfg.algorithm.value,
                                   **({"adapter_of": spec.start_model_id} if lora else {})})
         latest = self.checkpointer.latest()

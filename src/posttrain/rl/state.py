@@ -40,7 +40,7 @@ from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.artifacts.state import StateDir, write_atomic
 from posttrain.config import RewardConfig
 from posttrain.data.chat import encode_prompt
-from posttrain.data.examples import episode_prompt, prompt_messages
+from posttrain.data.examples import prompt_messages
 from posttrain.rl.metrics import StepMetrics
 from posttrain.rl.roles.registry import training_roles
 from posttrain.rl.types import ModelPut, PromptBatch
@@ -61,12 +61,14 @@ class PromptSampler:
     """
 
     def __init__(self, examples: list[dict], tokenizer, *, prompts_per_step: int, seed: int,
-                 max_prompt_len: int | None = None, episode_ids: Callable[[list[dict]], list[int]] | None = None):
-        """`episode_ids`: for episodes, what a row's prompt turns open an episode with (the tools' system turn
-        included); an episode's prompt is then the turns before the row's first assistant turn (a multi-turn
-        demonstration is a whole episode), else every turn before its last."""
-        self._prompt = episode_prompt if episode_ids else prompt_messages
-        encode = episode_ids or (lambda messages: encode_prompt(tokenizer, messages))
+                 max_prompt_len: int | None = None, prompt_of: Callable[[dict], list[dict]] | None = None,
+                 encode: Callable[[list[dict]], list[int]] | None = None, room_setting: str = "rl.max_new_tokens"):
+        """`prompt_of` / `encode`: a row's prompt turns and their ids, for a rollout that opens its samples itself
+        (protocols.ShapesPrompts: an episode opens with the tools' system turn); by default every turn before the
+        row's last assistant turn, rendered by the chat template. `room_setting`: what sets the response's room
+        that `max_prompt_len` leaves (named in the error when no prompt fits)."""
+        self._prompt = prompt_of or prompt_messages
+        encode = encode or (lambda messages: encode_prompt(tokenizer, messages))
         encoded = [(i, encode(self._prompt(ex))) for i, ex in enumerate(examples)]
         if not encoded:
             raise ValueError("prompt sampler: the train split has no prompts")
@@ -75,8 +77,7 @@ class PromptSampler:
             if not kept:
                 raise ValueError(f"prompt sampler: none of the {len(encoded)} train prompts (the shortest "
                                  f"{min(len(p) for _, p in encoded)} tokens) fits in the {max_prompt_len} tokens that "
-                                 "model.max_seq_len leaves after the response's room (rl.max_new_tokens; with "
-                                 "episodes rl.episode.max_total_tokens)")
+                                 f"model.max_seq_len leaves after the response's room ({room_setting})")
             if len(kept) < len(encoded):
                 print(f"prompt sampler: dropped {len(encoded) - len(kept)} prompts longer than {max_prompt_len} tokens")
             encoded = kept
@@ -202,9 +203,10 @@ class Checkpointer:
     # ----------------------------------------------------------------------------------- save
 
     def save(self, *, step: int, policy_version: int, groups: Mapping[str, Any], controller_state: dict,
-             history: list[dict], episodes: list[dict] | None = None) -> ArtifactRef:
+             history: list[dict], transcripts: list[dict] | None = None) -> ArtifactRef:
         """`groups`: the run's role groups by name; the policy's model is stored, every training role's state
-        is written. `episodes`: multi-turn runs' last step's sample episodes, kept in the model's manifest."""
+        is written. `transcripts`: the last step's rows shown turn by turn (StepMetrics.transcripts), kept in the
+        model's manifest as "episodes" for the RL page."""
         name = f"step-{step:06d}"
         policy = groups["policy"]
         self.state.remove(name)  # a folder a killed run left uncommitted (LATEST never pointed at it)
@@ -212,7 +214,7 @@ class Checkpointer:
             store_root=str(self.store.root), name=f"{self.name}-step{step}", run_id=self.run_id, parents=self.parents,
             config=self.config, metrics=history[-1] if history else {},
             extra={**self.extra, "policy_version": policy_version, "step": step, "history": history,
-                   **({"episodes": episodes} if episodes else {})},
+                   **({"episodes": transcripts} if transcripts else {})},
             provenance={"parents": self.parents, "step": step, "policy_version": policy_version}))
         for role, group in training_roles(groups).items():
             group.save_state(self.state.url(name, role))

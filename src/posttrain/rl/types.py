@@ -14,9 +14,10 @@ rl/roles/), so a test can drive them with in-process fakes as well as with real 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol, Self
 
 from posttrain.config import LossAgg
 
@@ -80,33 +81,30 @@ class Trajectories:
     compute_s: float
     """Seconds spent generating, as timed inside the workers (max over workers)."""
     sampled: list[list[int]] | None = None
-    """(B, response_len_i) multi-turn episodes: 1 where the policy sampled the token, 0 where it came from the
-    environment (a tool's result, an observation: posttrain.envs.episodes); their log-probs are 0. None: every
-    response token was sampled."""
-    env_rewards: list[float] | None = None
-    """(B,) multi-turn episodes: the environment's own reward of each (its `step` rewards summed plus its
-    `get_reward()`); the environment role adds them to the step's reward. None: no episodes, or an environment
-    that gives none."""
-    episodes: list[EpisodeSummary] | None = None
-    """(B,) multi-turn episodes: what happened in each (turns, tool calls, failed calls), for the metrics."""
-    env_s: float = 0.0
-    """Multi-turn episodes: wall seconds the environment took answering them within the rollout (opening the
-    instances, tool calls and `step`s, closing); the metrics count it as the environment's phase, not the
-    rollout's."""
+    """(B, response_len_i) 1 where the policy sampled the token, 0 where the rollout put it there itself (a
+    multi-turn episode's tool results and observations); such tokens' log-probs are 0 and they are context only:
+    every loss, statistic and token count is over the sampled ones (rl/ragged.py). None: every response token
+    was sampled."""
+    notes: list[RowNotes] | None = None
+    """(B,) what a rollout role that does more than sample says about each row (multi-turn episodes: turns, tool
+    calls, failed calls, the environment's own reward - rl/roles/environment.py::EpisodeNotes). The metrics
+    aggregate them by their type's `step_metrics`; a role that knows the type reads its fields (the environment
+    role scores with its rewards). None: nothing beyond the samples."""
+    sub_phase_s: dict[str, float] = field(default_factory=dict)
+    """Wall seconds within the rollout that other roles spent on it, by role (the environment answering the
+    episodes' turns): the metrics count each as that role's phase, not the rollout's."""
     transcripts: tuple[tuple[int, tuple[tuple[str, str], ...]], ...] = ()
-    """Multi-turn episodes: a few of them (the first of each of the first prompts) as (row, turns), each turn
-    (who, text) - policy, tool or env - for the RL page. A tuple: a sample, not a per-row field (take_rows keeps
-    it whole)."""
+    """A few rows turn by turn for the RL page, as (row, turns), each turn (who, text): "policy" for sampled
+    text, the rollout's own names for the rest (a multi-turn episode's "tool" or "env"). A tuple: a sample, not a
+    per-row field (take_rows keeps it whole). Empty: nothing to show beyond the responses."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class EpisodeSummary:
-    turns: int
-    """Turns the policy sampled."""
-    tool_calls: int
-    """Tool calls it made (well-formed or not)."""
-    failures: dict[str, int]
-    """Failed calls by kind (the tool's: raised, timeout, died, ...; the model's own: bad_call)."""
+class RowNotes(Protocol):
+    """A row's notes (Trajectories.notes), as the metrics see them: the notes' type turns a step's rows into
+    its metrics under its own names."""
+
+    @classmethod
+    def step_metrics(cls, notes: Sequence[Self], finished: Sequence[bool]) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,7 +172,7 @@ class TrainBatch:
     """The algorithm's own aggregation (Dr. GRPO's constant normaliser, GSPO's sequence mean); None: rl.loss_agg."""
     sampled: list[list[int]] | None = None
     """(B, response_len_i) Trajectories.sampled: the tokens the loss, its statistics and the token counts are
-    over (an episode's environment tokens are context only). None: every response token."""
+    over (the rest are context only). None: every response token."""
 
 
 @dataclass(frozen=True, kw_only=True)

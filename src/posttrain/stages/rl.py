@@ -73,20 +73,20 @@ def rl(rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig, track
 def _cache_key(store: ArtifactStore, models, rl_cfg: RLConfig, reward: RewardConfig, placement: PlacementConfig,
                max_seq_len: int, model_cfg: ModelConfig | None, start_model: ArtifactRef, dataset: ArtifactRef) -> str:
     """What the RL model depends on: the settings (models by id), the inputs, our code, and the user's code by
-    source - the reward function's and, with multi-turn episodes, the environment's and tools' (which are checked
-    here, before any actor starts: they import in a short-lived child, the start model's chat template can keep
-    an episode's tokens)."""
-    from posttrain.envs.plan import check_episodes
+    source - the reward function's and what each role's checks before any actor return (registry `preflight`:
+    with multi-turn episodes the environment's and tools', which import in a short-lived child, and the start
+    model's chat template must keep an episode's tokens)."""
     from posttrain.rewards import reward_identity
+    from posttrain.rl.roles import registry
 
-    episodes = (check_episodes(rl_cfg, str(model_folder(store, start_model)))
-                if rl_cfg.environment or rl_cfg.tools else {})
+    settings = registry.RunSettings(rl=rl_cfg, reward=reward, placement=placement, model=model_cfg,
+                                    start_model_dir=str(model_folder(store, start_model)))
+    checked, code = registry.preflight(settings)
     return store.cache_key("rl", without_keep_state(models.rl_ids), to_dict(models.reward_ids), to_dict(placement),
                            max_seq_len,
                            (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,
                            *([to_dict(model_cfg.lora)] if model_cfg and model_cfg.lora else []),
-                           *([episodes] if episodes else []),
+                           *checked,
                            *([reward_identity(reward)] if reward.fn else []),
                            start_model.id, dataset.id,
-                           source_digest("rl", "spmd", "models", "rewards", "data/verifiers.py",
-                                         *(("envs",) if episodes else ())))
+                           source_digest("rl", "spmd", "models", "rewards", "data/verifiers.py", *code))

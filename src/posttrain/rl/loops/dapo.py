@@ -86,7 +86,7 @@ class DAPO(GRPO):
 
 def concat(parts: list[Trajectories]) -> Trajectories:
     """The trajectories of several draws at one version, in order: every per-row list joined (take_rows' rule: the
-    list fields are the rows), group indices kept distinct across draws, compute and environment time summed."""
+    list fields are the rows), group indices kept distinct across draws, compute time and each sub-phase's summed."""
     rows = [f.name for f in dataclasses.fields(Trajectories) if isinstance(getattr(parts[0], f.name), list)]
     out: dict[str, list] = {f: [] for f in rows}
     offset = 0
@@ -94,8 +94,11 @@ def concat(parts: list[Trajectories]) -> Trajectories:
         for f in rows:
             out[f] += [g + offset for g in t.group_index] if f == "group_index" else list(getattr(t, f))
         offset += max(t.group_index, default=-1) + 1
-    return dataclasses.replace(parts[0], compute_s=sum(t.compute_s for t in parts),
-                               env_s=sum(t.env_s for t in parts), **out)
+    sub_phase_s: dict[str, float] = {}
+    for t in parts:
+        for role, seconds in t.sub_phase_s.items():
+            sub_phase_s[role] = sub_phase_s.get(role, 0.0) + seconds
+    return dataclasses.replace(parts[0], compute_s=sum(t.compute_s for t in parts), sub_phase_s=sub_phase_s, **out)
 
 
 def concat_rewards(parts: list[Rewards]) -> Rewards:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Self
 
 from posttrain.config import EpisodeConfig
 from posttrain.envs.episodes import EnvReply, EpisodeEnd, LocalEnv
@@ -25,6 +26,37 @@ from posttrain.rl.dispatch import split_even
 from posttrain.rl.remote import gather
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
 from posttrain.rl.types import Scores, Trajectories, WorkerId
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeNotes:
+    """What happened in one episode (Trajectories.notes, written by EpisodeRollout): the metrics' env/* and the
+    environment's own reward, which this role scores with."""
+
+    turns: int
+    """Turns the policy sampled."""
+    tool_calls: int
+    """Tool calls it made (well-formed or not)."""
+    failures: dict[str, int]
+    """Failed calls by kind (the tool's: raised, timeout, died, ...; the model's own: bad_call)."""
+    reward: float | None
+    """The environment's own reward (its `step` rewards summed plus its `get_reward()`); None: an environment
+    that gives none."""
+
+    @classmethod
+    def step_metrics(cls, notes: Sequence[Self], finished: Sequence[bool]) -> dict[str, float]:
+        """A step's episode metrics: turns and tool calls per episode, the share that finished (answered before a
+        limit), failed tool calls in the step (env/tool_errors; env/timeouts of them; env/failures/<kind> each
+        kind: raised, timeout, died, out_of_memory, not_text, unknown_tool, bad_call)."""
+        n = len(notes)
+        out = {"env/turns_mean": sum(e.turns for e in notes) / n,
+               "env/tool_calls_mean": sum(e.tool_calls for e in notes) / n,
+               "env/finished": sum(finished) / n,
+               "env/tool_errors": float(sum(sum(e.failures.values()) for e in notes)),
+               "env/timeouts": float(sum(e.failures.get("timeout", 0) for e in notes))}
+        for kind in sorted({k for e in notes for k in e.failures}):
+            out[f"env/failures/{kind}"] = float(sum(e.failures.get(kind, 0) for e in notes))
+        return out
 
 
 class EnvironmentWorker:
@@ -160,10 +192,11 @@ class EnvironmentGroup:
     # ---- as a scorer (registry scores=True): the environment's own rewards join the step's reward
 
     def score(self, trajectories: Trajectories) -> Scores:
-        """The episodes' own rewards, read when each ended (EpisodeRollout put them in the trajectories): the
+        """The episodes' own rewards, read when each ended (EpisodeRollout put them in the trajectories' notes): the
         column `env` (reward/env_mean), 0 for every episode of an environment that gives none."""
         t = trajectories
-        col = list(t.env_rewards) if t.env_rewards is not None else [0.0] * len(t.response_ids)
+        notes = [n if isinstance(n, EpisodeNotes) else None for n in t.notes or [None] * len(t.response_ids)]
+        col = [(n.reward or 0.0) if n is not None else 0.0 for n in notes]
         return Scores(policy_version=t.policy_version, names=["env"], sources=[self.source], scores=[col],
                       compute_s=0.0)
 

@@ -15,14 +15,16 @@ sampled turn - what the verifier or reward function scores.
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from posttrain.config import EpisodeConfig
+from posttrain.config import EpisodeConfig, RewardConfig, RLConfig
+from posttrain.data.examples import episode_prompt
 from posttrain.envs.episodes import EpisodeLayout, run_episodes
-from posttrain.envs.plan import episode_limits, episode_row
+from posttrain.envs.plan import checked_layout, episode_limits, episode_row
 from posttrain.models.generate import Generation
-from posttrain.rl.roles.environment import EnvironmentGroup
+from posttrain.rl.roles.environment import EnvironmentGroup, EpisodeNotes
 from posttrain.rl.roles.protocols import Generates
-from posttrain.rl.types import EpisodeSummary, PromptBatch, Trajectories, WeightReport, WeightsHandle, WorkerId
+from posttrain.rl.types import PromptBatch, Trajectories, WeightReport, WeightsHandle, WorkerId
 
 
 class _TurnSampler:
@@ -75,6 +77,9 @@ class _TimedEnv:
 
 
 class EpisodeRollout:
+    response_room_setting = "rl.episode.max_total_tokens"
+    """What sets `response_room` (protocols.ShapesPrompts)."""
+
     def __init__(self, rollout: Generates, environment: EnvironmentGroup, layout: EpisodeLayout,
                  episode: EpisodeConfig, *, max_seq_len: int):
         """`episode`: rl.episode (each sampled turn's limit is `generate`'s max_new_tokens); `max_seq_len`:
@@ -82,11 +87,24 @@ class EpisodeRollout:
         self.rollout, self.environment, self.layout, self.episode = rollout, environment, layout, episode
         self.max_seq_len = max_seq_len
 
+    # ---- as a rollout that shapes its own prompts (protocols.ShapesPrompts): what the prompt sampler reads
+
+    @staticmethod
+    def prompt_of(row: dict) -> list[dict]:
+        """A row's prompt turns: those before its first assistant turn (a multi-turn demonstration is a whole
+        episode)."""
+        return episode_prompt(row)
+
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         """An episode's opening ids for a row's prompt turns (the tools' system turn included), before any
-        first observation: what the prompt sampler measures rows by. With these, `episode.max_total_tokens`
-        response tokens must fit `max_seq_len`; the sampler leaves out rows that would not."""
+        first observation: what the prompt sampler measures rows by. With these, `response_room` tokens must fit
+        `max_seq_len`; the sampler leaves out rows that would not."""
         return self.layout.prompt_ids(messages, self.environment.specs, None)
+
+    @property
+    def response_room(self) -> int:
+        """An episode's response holds every turn and the environment's answers: rl.episode.max_total_tokens."""
+        return self.episode.max_total_tokens
 
     def identities(self) -> list[WorkerId]:
         return self.rollout.identities()
@@ -121,8 +139,21 @@ class EpisodeRollout:
             answers=[prompts.answers[i] for i in group], tasks=[prompts.tasks[i] for i in group],
             messages=[prompts.messages[i] for i in group], columns=[prompts.columns[i] for i in group],
             compute_s=sampler.compute_s + env_compute, sampled=[e.sampled for e in eps],
-            env_rewards=[sum(e.step_rewards) + (e.env_reward or 0.0) for e in eps] if own else None,
-            episodes=[EpisodeSummary(turns=e.turns, tool_calls=e.tool_calls, failures=dict(e.tool_failures))
-                      for e in eps],
-            env_s=env.seconds, transcripts=tuple((i, tuple(eps[i].transcript))
-                                                 for i in range(0, min(len(eps), EPISODES_SAMPLED * n), n)))
+            notes=[EpisodeNotes(turns=e.turns, tool_calls=e.tool_calls, failures=dict(e.tool_failures),
+                                reward=sum(e.step_rewards) + (e.env_reward or 0.0) if own else None) for e in eps],
+            sub_phase_s={"environment": env.seconds},
+            transcripts=tuple((i, tuple(eps[i].transcript)) for i in range(0, min(len(eps), EPISODES_SAMPLED * n), n)))
+
+
+def compose(rl: RLConfig, reward: RewardConfig, start_model_dir: str, groups: dict[str, Any],
+            max_seq_len: int) -> dict[str, Any]:
+    """The environment role's stand-in (its registry row's `compose`, applied by composed.run_groups once the
+    actors start): the rollout role runs multi-turn episodes through the environment group - EpisodeRollout
+    around the rollout group, or around the policy ranks that generate. The layout is checked here, before any
+    step: a chat template that cannot keep an episode's tokens is refused, naming it."""
+    layout = checked_layout(start_model_dir)
+    env = groups["environment"]
+    if reward.fn_weight == 0 and not reward.models and not env.rewards:
+        raise ValueError(f"reward.fn_weight is 0 and rl.environment {rl.environment!r} gives no reward of its own "
+                         "(no step rewards, no get_reward): the episodes would all score 0")
+    return {"rollout": EpisodeRollout(groups["rollout"], env, layout, rl.episode, max_seq_len=max_seq_len)}

@@ -6,7 +6,7 @@ here, one hop from the group that implements it (named in each docstring)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from posttrain.rl.roles.critic import CriticBatch, CriticFit, CriticStats, Values
@@ -34,6 +34,24 @@ class Generates(Protocol):
     def load_weights(self, weights: WeightsHandle) -> list[WeightReport]: ...
 
     def identities(self) -> list[WorkerId]: ...
+
+
+@runtime_checkable
+class ShapesPrompts(Protocol):
+    """A rollout role that opens its samples with its own prompt ids instead of the chat template's plain
+    rendering, and needs its own room for the response: episode_rollout.EpisodeRollout (an episode opens with the
+    tools' system turn and its response holds every turn). The prompt sampler (composed.prompt_sampler) measures
+    and keeps rows by these; a rollout without them gets the plain prompts and rl.max_new_tokens of room."""
+
+    def prompt_of(self, row: dict) -> list[dict]: ...
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]: ...
+
+    @property
+    def response_room(self) -> int: ...
+
+    response_room_setting: str
+    """The setting `response_room` comes from, for errors."""
 
 
 class ScoresWithFunctions(Protocol):

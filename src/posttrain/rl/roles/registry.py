@@ -7,12 +7,17 @@
     Checkpointer (save, resume)              trains: every training role's state is saved and restored
     Controller (the algorithm's handles)     the built groups by name; an algorithm picks the ones it reads
     loops.common.score                       scores: every scoring role's weighted scores join the reward
+    composed.run_groups                      compose: groups that stand in for other roles (the episodes' rollout)
+    stages.rl (before any actor; cache key)  preflight, code: the role's checks and the code it runs
+    rl.run (the RL model's manifest)         lineage: the user code its group ran
     metrics / Decks                          the phase and compute names are the role names
 
 A role is one row of ROLES (a plain dict you can grep). Adding one means: its worker and group (own files),
-the two functions here that return those classes, its row here, and its settings (config/sections.py); the
-algorithm that reads it names it in its own roles dataclass (rl/loops/). How a call fans out over the workers
-(one, all, split) is the group's own code.
+the functions here that return those classes, its row here, its settings (config/rl_sections.py) and their
+checks (config/rl_checks.py) - three shared files; the algorithm that reads it names it in its own roles
+dataclass (rl/loops/), or, as a scorer or a stand-in, no loop names it. What a role hands the roles after it
+beyond the samples travels in Trajectories' generic fields (`sampled`, `notes`, `sub_phase_s`, `transcripts`).
+How a call fans out over the workers (one, all, split) is the group's own code.
 
 Worker counts and whether a role runs are functions of the run's settings, so `posttrain plan` can show them
 before anything starts. Constructor arguments are built here, not in `rl.run`, so the start-up code has no
@@ -107,6 +112,20 @@ class RoleSpec:
     """True: it scores samples beside the reward functions (its group has `role`, `score` and `weighted`). Every
     loop's score phase asks each such role, in ROLES order, and adds its weighted scores to the reward - no loop
     names it."""
+    compose: Callable[[RunSettings, dict[str, Any], int], dict[str, Any]] | None = None
+    """(settings, the run's groups, model.max_seq_len) -> groups that stand in for other roles, built once every
+    actor has started (composed.run_groups, after the roles the policy serves): the environment's rollout that
+    plays episodes through it in place of the plain rollout group. None: it stands in for nothing."""
+    preflight: Callable[[RunSettings], dict[str, str]] | None = None
+    """Checks run in stages.rl before any actor starts (a bad import path, a chat template that cannot keep the
+    role's tokens fails there, naming it), returning the user code it runs by source sha256 for the RL stage's
+    cache key. None: nothing to check before its workers start."""
+    code: tuple[str, ...] = ()
+    """Our source it runs beyond what every RL run does (paths under src/posttrain/), in the RL stage's cache key
+    when the role runs."""
+    lineage: Callable[[Any], dict[str, str]] | None = None
+    """(its group) -> what of the user's code it ran (by source sha256), kept in the RL model's manifest under
+    the role's name, as the reward function's is. None: nothing of the user's."""
 
 
 def _gen_threads(s: RunSettings) -> int:
@@ -169,6 +188,18 @@ def _environment_group() -> type[EnvironmentGroup]:
     from posttrain.rl.roles.environment import EnvironmentGroup
 
     return EnvironmentGroup
+
+
+def _episode_compose() -> Callable[[RLConfig, RewardConfig, str, dict[str, Any], int], dict[str, Any]]:
+    from posttrain.rl.roles.episode_rollout import compose
+
+    return compose
+
+
+def _check_episodes() -> Callable[[RLConfig, str], dict[str, str]]:
+    from posttrain.envs.plan import check_episodes
+
+    return check_episodes
 
 
 def _rollout_group() -> type[RolloutGroup]:
@@ -263,7 +294,10 @@ ROLES: dict[str, RoleSpec] = {
         worker_kwargs=lambda s, rank, n: {"environment": s.rl.environment, "tools": list(s.rl.tools),
                                           "episode": s.rl.episode, "rank": rank, "world_size": n},
         group_args=lambda ctx: {"source": ctx.settings.rl.environment or ", ".join(ctx.settings.rl.tools)},
-        scores=True),
+        scores=True,
+        compose=lambda s, groups, max_seq_len: _episode_compose()(s.rl, s.reward, s.start_model_dir, groups, max_seq_len),
+        preflight=lambda s: _check_episodes()(s.rl, s.start_model_dir), code=("envs",),
+        lineage=lambda group: group.identity),
     "reward": RoleSpec(
         name="reward", worker=_reward_worker, group=_reward_group, trains=False, kuberay_group="train",
         workers=lambda s: s.placement.reward_workers, enabled=lambda s: True,
@@ -332,6 +366,29 @@ def build_group(spec: RoleSpec, workers: list, ids: list, ctx: GroupContext) -> 
     return group
 
 
+def stand_ins(s: RunSettings, groups: dict[str, Any], max_seq_len: int) -> dict[str, Any]:
+    """Every active role's stand-ins (its row's `compose`), in ROLES order."""
+    out: dict[str, Any] = {}
+    for spec in active_roles(s).values():
+        if spec.compose is not None:
+            out.update(spec.compose(s, {**groups, **out}, max_seq_len))
+    return out
+
+
+def preflight(s: RunSettings) -> tuple[list[dict[str, str]], tuple[str, ...]]:
+    """Every active role's checks before any actor starts (its row's `preflight`), in ROLES order: what each
+    returned that is not empty (the user code it runs, for the cache key), and the roles' own source (`code`)."""
+    roles = active_roles(s).values()
+    checked = [spec.preflight(s) for spec in roles if spec.preflight is not None]
+    return [c for c in checked if c], tuple(path for spec in roles for path in spec.code)
+
+
+def lineage(s: RunSettings, groups: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Role -> the user code its group ran (its row's `lineage`), for the RL model's manifest."""
+    return {name: spec.lineage(groups[name]) for name, spec in active_roles(s).items()
+            if spec.lineage is not None and name in groups}
+
+
 def scoring_roles() -> tuple[str, ...]:
     """The roles that score samples beside the reward functions, in ROLES order."""
     return tuple(name for name, spec in ROLES.items() if spec.scores)
@@ -356,10 +413,13 @@ __all__ = [
     "active_roles",
     "build_group",
     "kuberay_group",
+    "lineage",
     "policy_generates",
+    "preflight",
     "role_counts",
     "scoring_groups",
     "scoring_roles",
+    "stand_ins",
     "training_roles",
     "uses_episodes",
     "uses_lora",

@@ -16,8 +16,7 @@ from typing import Protocol
 import torch
 
 from posttrain.config import ModelConfig, RolloutBackend
-from posttrain.envs.episodes import Sampler
-from posttrain.models.generate import Generation, generate
+from posttrain.models.generate import Generation, Sampler, generate
 from posttrain.models.io import eos_token_ids, load_model, load_tokenizer, local_device
 from posttrain.rl import weight_transfer
 from posttrain.rl.dispatch import split_even
@@ -29,8 +28,8 @@ from posttrain.rl.weight_sync import weights_checksum
 
 
 class RolloutEngine(Sampler, Protocol):
-    """Something that generates with the policy's weights (`generate`, `tokenizer`: posttrain.envs.episodes.Sampler,
-    which multi-turn episodes drive too) and takes new ones."""
+    """Something that generates with the policy's weights (`generate`, `tokenizer`: models.generate.Sampler) and
+    takes new ones."""
 
     def load_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         """Hold these tensors (cast to the engine's own dtype and device). `state` may be lazy (read from a
