@@ -101,7 +101,8 @@ def episode_prompts(recipe, rl_cfg, model_dir: Path, ds_dir: Path) -> list[dict]
     sampler = PromptSampler(read_examples(ds_dir, "train"), load_tokenizer(model_dir),
                             prompts_per_step=rl_cfg.prompts_per_step, seed=rl_cfg.seed,
                             max_prompt_len=recipe.model.max_seq_len - rl_cfg.episode.max_total_tokens,
-                            prompt_of=episode_prompt, encode=lambda messages: layout.prompt_ids(messages, specs, None))
+                            prompt_of=episode_prompt, encode=lambda messages: layout.prompt_ids(messages, specs, None),
+                            room_setting="rl.episode.max_total_tokens")
     out = []
     for _ in range(rl_cfg.steps):
         b = sampler.next_batch(policy_version=0)

@@ -71,3 +71,17 @@ def test_the_environment_role_is_its_own_files_plus_the_registry_row():
     assert found == {"rl/state.py": ["episodes"]}, found  # the manifest key the RL page reads (artifact layout)
     spec = registry.ROLES["environment"]
     assert spec.compose and spec.preflight and spec.lineage and spec.code == ("envs",) and spec.scores
+
+
+def test_preflight_builds_the_start_models_folder_only_for_a_role_that_checks_something():
+    """A run without the environment role (or its cache hit) never merges a LoRA start model to compute its key."""
+    def no_folder() -> str:
+        raise AssertionError("the start model's folder was built for a run whose roles check nothing")
+
+    plain = registry.RunSettings(rl=RLConfig(), reward=RewardConfig(), placement=PlacementConfig(), model=None,
+                                 start_model_dir="")
+    assert registry.preflight(plain, no_folder) == ([], ())
+    with_env = registry.RunSettings(rl=RLConfig(environment="posttrain.envs.builtin:Calculator"),
+                                    reward=RewardConfig(), placement=PlacementConfig(), model=None, start_model_dir="")
+    with pytest.raises(AssertionError, match="folder was built"):
+        registry.preflight(with_env, no_folder)

@@ -80,8 +80,8 @@ def _cache_key(store: ArtifactStore, models, rl_cfg: RLConfig, reward: RewardCon
     from posttrain.rl.roles import registry
 
     settings = registry.RunSettings(rl=rl_cfg, reward=reward, placement=placement, model=model_cfg,
-                                    start_model_dir=str(model_folder(store, start_model)))
-    checked, code = registry.preflight(settings)
+                                    start_model_dir="")  # filled in by preflight only when a role checks it
+    checked, code = registry.preflight(settings, lambda: str(model_folder(store, start_model)))
     return store.cache_key("rl", without_keep_state(models.rl_ids), to_dict(models.reward_ids), to_dict(placement),
                            max_seq_len,
                            (model_cfg.dtype.value, model_cfg.gradient_checkpointing) if model_cfg else None,

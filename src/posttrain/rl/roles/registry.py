@@ -27,7 +27,7 @@ role names in it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from posttrain.config import ModelConfig, PlacementConfig, RewardConfig, RLConfig
@@ -375,10 +375,14 @@ def stand_ins(s: RunSettings, groups: dict[str, Any], max_seq_len: int) -> dict[
     return out
 
 
-def preflight(s: RunSettings) -> tuple[list[dict[str, str]], tuple[str, ...]]:
+def preflight(s: RunSettings, start_model_dir: Callable[[], str]) -> tuple[list[dict[str, str]], tuple[str, ...]]:
     """Every active role's checks before any actor starts (its row's `preflight`), in ROLES order: what each
-    returned that is not empty (the user code it runs, for the cache key), and the roles' own source (`code`)."""
-    roles = active_roles(s).values()
+    returned that is not empty (the user code it runs, for the cache key), and the roles' own source (`code`).
+    `start_model_dir` is asked for (a LoRA start model's merged folder) only when some role checks something,
+    so a run without such a role - or its cache hit - never builds it."""
+    roles = list(active_roles(s).values())
+    if any(spec.preflight is not None for spec in roles):
+        s = replace(s, start_model_dir=start_model_dir())
     checked = [spec.preflight(s) for spec in roles if spec.preflight is not None]
     return [c for c in checked if c], tuple(path for spec in roles for path in spec.code)
 
