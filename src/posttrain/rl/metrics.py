@@ -118,7 +118,7 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
                **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max,
                    "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})},
         transcripts=[{"prompt": traj.messages[i][-1]["content"] if traj.messages[i] else "",
-                   "turns": [list(t) for t in turns], "reward": scores[i]} for i, turns in traj.transcripts])
+                      "turns": [list(t) for t in turns], "reward": scores[i]} for i, turns in traj.transcripts])
 
 
 def notes_metrics(traj: Trajectories) -> dict[str, float]:

@@ -195,8 +195,8 @@ class EnvironmentGroup:
         """The episodes' own rewards, read when each ended (EpisodeRollout put them in the trajectories' notes): the
         column `env` (reward/env_mean), 0 for every episode of an environment that gives none."""
         t = trajectories
-        notes = [n if isinstance(n, EpisodeNotes) else None for n in t.notes or [None] * len(t.response_ids)]
-        col = [(n.reward or 0.0) if n is not None else 0.0 for n in notes]
+        col = [(n.reward or 0.0) if isinstance(n, EpisodeNotes) else 0.0
+               for n in t.notes or [None] * len(t.response_ids)]
         return Scores(policy_version=t.policy_version, names=["env"], sources=[self.source], scores=[col],
                       compute_s=0.0)
 
