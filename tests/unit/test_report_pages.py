@@ -299,3 +299,20 @@ def test_rl_page_shows_a_multi_turn_runs_last_episodes_turn_by_turn(tmp_path):
     plain = store.put("model", "plain", write_folder(tmp_path, "plain", {"w.txt": "p"}), run_id="r", parents=[],
                       config={}, metrics=history[-1], extra={"algorithm": "grpo", "step": 2, "history": history})
     assert 'id="section-episodes"' not in pages.rl_page(store, plain.id)  # single-turn runs have none
+
+
+def test_rl_page_draws_each_roles_idle_share_beside_the_phases(tmp_path):
+    """The bubble: idle/rollout and idle/update (every run logs them; rl.max_staleness fills them) get a chart of
+    their own in the timing section, not one of the algorithm's."""
+    from posttrain.artifacts import ArtifactStore
+    from tests.files import write_folder
+    from tests.report_inputs import rl_history
+
+    history = [{**h, "idle/rollout": 0.6, "idle/update": 0.4, "async/staleness_max": 1.0} for h in rl_history(3)]
+    store = ArtifactStore(str(tmp_path / "store"))
+    ref = store.put("model", "async", write_folder(tmp_path, "async", {"w.txt": "a"}), run_id="r", parents=[],
+                    config={}, metrics=history[-1], extra={"algorithm": "grpo", "step": 3, "policy_version": 3,
+                                                           "history": history})
+    charts = _charts(pages.rl_page(store, ref.id))
+    assert charts["idle"] == {"idle-rollout", "idle-update"} and "algo-idle" not in charts
+    assert charts["algo-async"] == {"async-staleness-max"}

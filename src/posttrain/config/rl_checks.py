@@ -179,6 +179,10 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
         _check(p.mode == PlacementMode.COLOCATED, "placement.mode",
                "'split' gives rollout workers devices of their own, but placement.rollout_workers is 0 "
                "(the policy ranks generate)")
+    _check(r.max_staleness >= 0, "rl.max_staleness", "must be >= 0 (0: synchronous)")
+    _check(r.max_staleness == 0 or p.rollout_workers >= 1, "rl.max_staleness",
+           f"{r.max_staleness} generates ahead of the update, in rollout workers of their own, but "
+           "placement.rollout_workers is 0 (the policy ranks generate, so they cannot update at the same time)")
     _check(r.policy_generate_batch >= 0, "rl.policy_generate_batch", "must be >= 0 (0: all rows at once)")
     _check(r.policy_generate_batch == 0 or p.rollout_workers == 0, "rl.policy_generate_batch",
            f"sizes the policy ranks' own generation, but placement.rollout_workers is {p.rollout_workers}: rollout "

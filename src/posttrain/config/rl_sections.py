@@ -192,6 +192,17 @@ class RLConfig:
     max_reward_failure_rate: float = 0.1
     """Stop the run when more than this share of one step's reward calls fail (raise, time out, return a
     non-number or a non-finite one), naming the function, the count and one example."""
+    max_staleness: int = 0
+    """Rollout ahead of the update (posttrain.rl.ahead): with k > 0 the rollout workers generate the next steps'
+    samples while the policy updates, and every sample is trained on at most k policy versions after the one
+    that generated it - exactly k in a steady GRPO run: draw d is generated with the weights current when draw
+    d - k was taken, so the lag depends on the order of draws, never on timing, and a run (and its resume) is
+    reproducible. 0: the synchronous loop, generation waiting for each update. Stale samples are corrected by
+    rl.mismatch_correction: 'off' clips the ratio against the rollout's own (behaviour) log-probs; 'token_tis',
+    'sequence_tis' or 'token_mask' is decoupled PPO - the ratio against the trainer's current (proximal)
+    log-probs, each token weighted by the capped behaviour ratio. The drift gate compares every sample with the
+    trainer at the version that generated it (the policy keeps the last k versions' trained weights). Needs
+    rollout workers of their own (placement.rollout_workers >= 1)."""
     checkpoint_every: int = 20
     """Save a model artifact and the training state every this many steps (0: only at the end)."""
     keep_state: bool = False

@@ -152,7 +152,7 @@ def _phase_times(history: list[dict], algorithm: str | None) -> dict[str, list[f
 def _extra_curves(history: list[dict]) -> dict[str, tuple[str, ...]]:
     """The algorithm's own metrics (StepMetrics.extra: "critic/value_loss", "adv/mean", ...), one chart per
     name prefix, so a new algorithm's curves appear without a change here."""
-    keys = sorted({k for h in history for k in h if "/" in k and not k.startswith(("time/", "compute/"))})
+    keys = sorted({k for h in history for k in h if "/" in k and not k.startswith(("time/", "compute/", "idle/"))})
     out: dict[str, list[str]] = {}
     for k in keys:
         out.setdefault(k.split("/", 1)[0], []).append(k)
@@ -181,7 +181,11 @@ def rl_page(store: ArtifactStore, id_: str) -> str:
     timing = section("timing", "Time per step", charts.stacked_area(
         "phases", "Seconds per phase (controller's view)", steps, _phase_times(history, m.extra.get("algorithm"))),
         charts.line_chart("overhead", "Orchestration overhead (share of the step no worker computed)", steps,
-                          _curves(history, ("orchestration_overhead",))))
+                          _curves(history, ("orchestration_overhead",))),
+        *([charts.line_chart("idle", "Idle share of the step per role (the bubble: 1 - its workers' compute / the "
+                                     "step's wall; rollout ahead of the update, rl.max_staleness, fills it)", steps,
+                             _curves(history, ("idle/rollout", "idle/update")))]
+          if any("idle/rollout" in h for h in history) else []))
     episodes = [_rl_episodes_section(m.extra["episodes"], m.extra.get("step"))] if m.extra.get("episodes") else []
     return page(f"RL {m.name}", [_about(m), summary, curves, timing, *episodes])
 

@@ -18,7 +18,9 @@ Fan-out is the groups' business: every call goes to a whole group, which shards,
 The gates of a step (reward failures, non-finite numbers, drift, version) live with the phases in
 loops/common.py, so every algorithm has them; none lets a poisoned step reach a checkpoint.
 
-Leaves out: asynchronous / off-policy rollouts (generation waits for the sync).
+With rl.max_staleness = k > 0 the rollout runs ahead (rl/ahead.py): the step takes the prompts drawn k draws
+before, whose generation ran while the previous steps updated; the loop's rollout group is `AheadRollout`
+(which hands over that generation), and each new version's weight load queues behind the draws in flight.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from posttrain.config import RLConfig
+from posttrain.rl.ahead import Ahead, AheadRollout
 from posttrain.rl.loops import ALGORITHMS
 from posttrain.rl.loops.common import NonFiniteError, RewardFailureError, StepRun  # noqa: F401 - re-exported
 from posttrain.rl.metrics import StepMetrics, step_metrics
@@ -53,10 +56,17 @@ class Controller:
         if uses_reference(rl_cfg) != (groups.get("reference") is not None):
             raise ValueError(f"rl.kl_coef = {rl_cfg.kl_coef} needs a reference group exactly when it is > 0")
         self.cfg, self.groups, self.sampler = rl_cfg, dict(groups), prompt_sampler
-        self.algorithm = make_algorithm(rl_cfg, self.groups)
         self.tracker, self.checkpointer = tracker, checkpointer
         self.step_count, self.version = 0, 0
         self.rng = random.Random(rl_cfg.seed)
+        self.ahead: Ahead | None = None
+        """The draws in flight with rl.max_staleness > 0 (None: synchronous)."""
+        loop_groups = self.groups
+        if rl_cfg.max_staleness > 0:
+            self.ahead = Ahead(rl_cfg, self.groups["rollout"], lambda v: self.sampler.next_batch(policy_version=v),
+                               self.rng)
+            loop_groups = {**self.groups, "rollout": AheadRollout(self.ahead, self.groups["rollout"])}
+        self.algorithm = make_algorithm(rl_cfg, loop_groups)
         self.history: list[StepMetrics] = []
         self.started = False
         self.stage = "start"
@@ -72,12 +82,15 @@ class Controller:
             raise RuntimeError("Controller.step() before start(): the rollout workers hold no verified weights yet")
         t_step = time.perf_counter()
         phase: dict[str, float] = {}  # wall seconds per phase, as the controller sees them
+        draw = (lambda: self.ahead.take(self.version)) if self.ahead else (
+            lambda: self.sampler.next_batch(policy_version=self.version))
         run = StepRun(step=self.step_count + 1, version=self.version, seed=self.rng.randrange(2**31),
-                      phase=lambda name: self._phase(phase, name),
-                      draw=lambda: self.sampler.next_batch(policy_version=self.version))
+                      phase=lambda name: self._phase(phase, name), draw=draw)
         with self._phase(phase, "rollout"):  # the sampler's time counts as the rollout's: drawing prompts is part of producing them
-            prompts = self.sampler.next_batch(policy_version=self.version)
+            prompts = draw()
         out = self.algorithm.step(prompts, run)
+        if self.ahead:
+            out.extra.update(self._ahead_metrics(out.traj))
         if out.stats is not None:  # None: this step trained no policy (e.g. PPO's critic warm-up)
             with self._phase(phase, "sync"):
                 self._push_weights(out.stats.policy_version, checksum=out.stats.weights_checksum)
@@ -92,16 +105,35 @@ class Controller:
         self.stage = name
         return _timed(phase_s, name)
 
+    def _ahead_metrics(self, traj) -> dict[str, float]:
+        """async/staleness_mean and _max: versions between the step's policy and the ones that generated its
+        samples, over their sampled tokens (a row's tokens carry its version); async/in_flight: draws generating."""
+        rollout, versions = traj.response_ids, traj.versions or [traj.policy_version] * len(traj.response_ids)
+        tokens = [sum(m) for m in traj.sampled] if traj.sampled is not None else [len(r) for r in rollout]
+        lag = [self.version - v for v in versions]
+        return {"async/staleness_mean": sum(t * x for t, x in zip(tokens, lag)) / max(sum(tokens), 1),
+                "async/staleness_max": float(max(lag)), "async/in_flight": float(self.ahead.in_flight())}
+
     def _push_weights(self, version: int, checksum: str | None = None) -> None:
         """Hand the policy's weights to every rollout worker; each must report back exactly this version and
-        the handle's checksum (`verify_reports` names any worker that does not)."""
+        the handle's checksum (`verify_reports` names any worker that does not). Rollout ahead: the load queues
+        behind the draws in flight, once the previous one is done (its file released), and is verified there."""
+        if self.ahead:
+            self.ahead.settle()
         handle = self.groups["policy"].weights()
         if handle.version != version or (checksum is not None and handle.checksum != checksum):
             want = f"version {version}" + (f" checksum {checksum[:12]}" if checksum is not None else "")
             raise RuntimeError(f"policy.weights() returned version {handle.version} checksum "
                                f"{handle.checksum[:12]}, expected {want}")
-        reports = self.groups["rollout"].load_weights(handle)
-        verify_reports(handle, reports, self.groups["rollout"].identities())
+        rollout = self.groups["rollout"]
+
+        def load() -> None:
+            verify_reports(handle, rollout.load_weights(handle), rollout.identities())
+
+        if self.ahead:
+            self.ahead.push(load)
+        else:
+            load()
 
     # ------------------------------------------------------------------------------------- the loop
 
@@ -118,7 +150,11 @@ class Controller:
             self.model_id = state.model_id
             self.history = [StepMetrics(**_unflatten(h)) for h in state.history]
             print(f"rl: resumed at step {state.step} (policy version {state.policy_version})", flush=True)
+        draws = _in_flight(state, self.cfg.max_staleness)
         self._push_weights(self.version)
+        if self.ahead:
+            self.ahead.settle()  # version 0 (or the resumed one) verified before any draw is generated with it
+            self.ahead.start(self.version, draws)
         self.started = True
 
     def run(self, steps: int) -> list[StepMetrics]:
@@ -137,8 +173,13 @@ class Controller:
             if self.checkpointer and self.model_id is None:  # resumed a finished run that never saved
                 self.save()
         except BaseException:
+            if self.ahead:
+                self.ahead.close()
             self.tracker.close(failed=True)
             raise
+        if self.ahead:
+            self.ahead.settle()  # the last version's load verified, as the synchronous loop's is
+            self.ahead.close()
         self.tracker.close(self.model_id)
         return self.history
 
@@ -147,7 +188,9 @@ class Controller:
             return
         self.stage = "save"
         state = {"sampler": self.sampler.state_dict(), "rng_state": _rng_to_json(self.rng.getstate()),
-                 "wandb_id": getattr(self.tracker, "wandb_id", None)}
+                 "wandb_id": getattr(self.tracker, "wandb_id", None),
+                 **({"ahead": {"max_staleness": self.cfg.max_staleness, **self.ahead.state_dict()}}
+                    if self.ahead else {})}
         ref = self.checkpointer.save(step=self.step_count, policy_version=self.version, groups=self.groups,
                                      controller_state=state, history=[m.flat() for m in self.history],
                                      transcripts=self.history[-1].transcripts if self.history else [])
@@ -160,6 +203,18 @@ def _timed(phase_s: dict[str, float], name: str) -> Iterator[None]:
     t = time.perf_counter()
     yield
     phase_s[name] = phase_s.get(name, 0.0) + time.perf_counter() - t
+
+
+def _in_flight(state, max_staleness: int) -> list[dict]:
+    """The draws in flight a checkpoint holds; refused when it was written with another rl.max_staleness (its
+    samples' versions follow that bound)."""
+    if state is None:
+        return []
+    saved = state.ahead or {"max_staleness": 0, "draws": []}
+    if saved["max_staleness"] != max_staleness:
+        raise ValueError(f"resume: the checkpoint of step {state.step} was written with rl.max_staleness = "
+                         f"{saved['max_staleness']}, this run has {max_staleness}: resume with the same setting")
+    return saved["draws"]
 
 
 def _rng_to_json(state: tuple) -> list:

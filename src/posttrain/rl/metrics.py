@@ -55,7 +55,8 @@ class StepMetrics:
     """Mean |rollout logprob - policy logprob| over this step's tokens at the version that sampled them."""
     generated_tokens: int
     generated_tokens_per_s: float
-    """Generated tokens / rollout phase wall time."""
+    """Generated tokens / rollout phase wall time (generated ahead, rl.max_staleness > 0: / the rollout workers'
+    own generation time, the phase being only the wait for it)."""
     phase_s: dict[str, float]
     """Wall seconds per phase as seen by the controller: rollout, reward, reference, advantages, update, sync."""
     compute_s: dict[str, float]
@@ -81,7 +82,8 @@ class StepMetrics:
 
 
 def overhead(compute_s: dict[str, float], step_s: float) -> float:
-    return 1.0 - sum(compute_s.values()) / step_s if step_s > 0 else 0.0
+    """0 when the roles' compute adds up to more than the step's wall (generation ahead overlaps the update)."""
+    return max(0.0, 1.0 - sum(compute_s.values()) / step_s) if step_s > 0 else 0.0
 
 
 def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict[str, float],
@@ -100,7 +102,9 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
     n_tokens = sum(trained_tokens(traj, i) for i in range(len(traj.response_ids)))  # sampled tokens only
     u = (stats.kl, stats.entropy, stats.clip_fraction, stats.loss, stats.grad_norm, stats.drift) if stats \
         else (0.0,) * 6
-    tokens_per_s = n_tokens / max(phase_s["rollout"], 1e-9)  # the rollout's wall, other roles' parts included
+    # the rollout's wall, other roles' parts included; generated ahead (traj.versions), the rollout phase is only
+    # the wait for a generation that ran during the previous steps: the workers' own generation time then
+    tokens_per_s = n_tokens / max(phase_s["rollout"] if traj.versions is None else traj.compute_s, 1e-9)
     for role, seconds in traj.sub_phase_s.items():  # e.g. the environment's answers: its phase, not the rollout's
         phase_s = {**phase_s, "rollout": max(phase_s["rollout"] - seconds, 0.0),
                    role: phase_s.get(role, 0.0) + seconds}
@@ -114,11 +118,23 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
         response_len_mean=n_tokens / len(traj.response_ids),
         generated_tokens=n_tokens, generated_tokens_per_s=tokens_per_s,
         phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s),
-        extra={**outcome.extra, **notes_metrics(traj),
+        extra={**outcome.extra, **notes_metrics(traj), **idle_metrics(traj, stats, step_s),
                **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max,
                    "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})},
         transcripts=[{"prompt": traj.messages[i][-1]["content"] if traj.messages[i] else "",
                       "turns": [list(t) for t in turns], "reward": scores[i]} for i, turns in traj.transcripts])
+
+
+def idle_metrics(traj: Trajectories, stats, step_s: float) -> dict[str, float]:
+    """The bubble: the share of the step's wall time in which the rollout workers (one step's generation, worker
+    timed) and the policy ranks (the update) computed nothing - in the synchronous loop each waits for the other;
+    generated ahead (rl.max_staleness), the generation of the draws in flight overlaps the update."""
+    if step_s <= 0:
+        return {}
+    out = {"idle/rollout": max(0.0, 1.0 - traj.compute_s / step_s)}
+    if stats is not None:
+        out["idle/update"] = max(0.0, 1.0 - stats.compute_s / step_s)
+    return out
 
 
 def notes_metrics(traj: Trajectories) -> dict[str, float]:

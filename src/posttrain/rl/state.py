@@ -151,6 +151,8 @@ class ResumeState:
     model_id: str
     history: list[dict] = field(default_factory=list)
     """StepMetrics.flat() of every step so far."""
+    ahead: dict | None = None
+    """rl.max_staleness > 0: the setting and the draws in flight (rl/ahead.Ahead.state_dict)."""
 
 
 def _log_row(line: str) -> dict | None:
@@ -242,7 +244,7 @@ class Checkpointer:
         d = json.loads(self.state.read_text(f"{name}/controller.json"))
         return ResumeState(step=d["step"], policy_version=d["policy_version"], sampler=d["sampler"],
                            rng_state=d["rng_state"], wandb_id=d.get("wandb_id"), model_id=d["model_id"],
-                           history=d["history"])
+                           history=d["history"], ahead=d.get("ahead"))
 
     def restore(self, groups: Mapping[str, Any]) -> ResumeState | None:
         """Load the newest committed state into every training role's group; None when there is none. A role

@@ -104,7 +104,13 @@ def generate(rollout: Generates, prompts: PromptBatch, cfg: RLConfig, run: StepR
     with run.phase("rollout"):
         traj = rollout.generate(prompts, n=cfg.samples_per_prompt, temperature=cfg.temperature,
                                 max_new_tokens=cfg.max_new_tokens, seed=run.seed, top_p=cfg.top_p, top_k=cfg.top_k)
-    expect_version("rollout", traj.policy_version, run.version)
+    if cfg.max_staleness == 0:
+        expect_version("rollout", traj.policy_version, run.version)
+    else:  # generated ahead (rl/ahead.py): by the step's version or at most rl.max_staleness before it
+        for v in traj.versions if traj.versions is not None else [traj.policy_version]:
+            if not 0 <= run.version - v <= cfg.max_staleness:
+                raise RuntimeError(f"rollout: produced by policy version {v} for step {run.step} at version "
+                                   f"{run.version}: more than rl.max_staleness = {cfg.max_staleness} behind")
     check_finite("rollout log-probs", [x for row in traj.logprobs for x in row], step=run.step)
     return traj
 

@@ -79,7 +79,8 @@ class DAPO(GRPO):
         batch = TrainBatch(policy_version=run.version, prompt_ids=batch_traj.prompt_ids,
                            response_ids=batch_traj.response_ids, old_logprobs=batch_traj.logprobs,
                            ref_logprobs=ref.values if ref else None, advantages=adv, loss=self.loss,
-                           loss_agg=self.loss_agg, sampled=batch_traj.sampled)
+                           loss_agg=self.loss_agg, sampled=batch_traj.sampled,
+                           versions=batch_traj.versions)
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
         return StepOutcome(traj=all_traj, rewards=all_rewards, ref=ref, stats=stats, extra=extra)
 

@@ -58,6 +58,7 @@ class GRPO(Loop):
             adv = self.advantages(torch.tensor(rewards.scores)).tolist()  # (B,) one per sample
         batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                            old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None, advantages=adv,
-                           loss=self.loss, loss_agg=self.loss_agg, sampled=traj.sampled)
+                           loss=self.loss, loss_agg=self.loss_agg, sampled=traj.sampled,
+                           versions=traj.versions)
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
         return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=reward_metrics)

@@ -94,7 +94,8 @@ class PPO(Loop):
             batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids,
                                response_ids=traj.response_ids, old_logprobs=traj.logprobs,
                                ref_logprobs=ref.values if ref is not None and not cfg.kl_in_reward else None,
-                               advantages=rows_of(adv, traj.response_ids), sampled=traj.sampled)
+                               advantages=rows_of(adv, traj.response_ids), sampled=traj.sampled,
+                               versions=traj.versions)
             stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
 
         extra = {"critic/value_loss": cstats.value_loss, "critic/clip_fraction": cstats.clip_fraction,

@@ -79,6 +79,8 @@ class _TimedEnv:
 class EpisodeRollout:
     response_room_setting = "rl.episode.max_total_tokens"
     """What sets `response_room` (protocols.ShapesPrompts)."""
+    notes_type = EpisodeNotes
+    """The type of its rows' notes: what a checkpoint's draws in flight are read back as (rl/ahead.py)."""
 
     def __init__(self, rollout: Generates, environment: EnvironmentGroup, layout: EpisodeLayout,
                  episode: EpisodeConfig, *, max_seq_len: int):

@@ -84,6 +84,7 @@ from posttrain.models.lora import adapters_disabled, add_adapters, save_adapter
 from posttrain.rl.algorithms import grpo, mismatch, pg
 from posttrain.rl.ragged import loss_mask, pad_rows
 from posttrain.rl.roles.common import set_torch_threads, where, worker_identity
+from posttrain.rl.roles.policy_versions import KeptVersions
 from posttrain.rl.roles.policy_weights import PolicyWeights
 from posttrain.rl.roles.spmd import SPMDWorker
 from posttrain.rl.types import ModelPut, PolicyLoss, PolicySums, RankUpdate, TrainBatch
@@ -98,7 +99,7 @@ def warmup_scale(version: int, warmup_steps: int) -> float:
     return 1.0 if warmup_steps <= 0 else min(1.0, (version + 1) / warmup_steps)
 
 
-class PolicyWorker(PolicyWeights, SPMDWorker):
+class PolicyWorker(PolicyWeights, KeptVersions, SPMDWorker):
     role = "policy"
 
     def __init__(self, model_dir: str, cfg: RLConfig, rank: int, world_size: int, model_cfg: ModelConfig | None = None,
@@ -165,6 +166,11 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
                                f"this rank holds version {self.version}")
         t0 = time.perf_counter()
         cfg = self.cfg
+        versioned = None  # generated ahead (rl.max_staleness > 0): the drift gate at each row's own version
+        if cfg.max_staleness > 0:
+            self.check_staleness(shards)
+            self.keep_version()
+            versioned = self.drift_at_versions(shards, cfg.temperature)
         sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ent": 0.0, "tok": 0, "mm_kl": 0.0, "mm_max": 0.0,
                 "mm_tok": 0}
         grad_norm, drift = 0.0, math.nan
@@ -194,7 +200,8 @@ class PolicyWorker(PolicyWeights, SPMDWorker):
                         if j == 0 and trainer_old is None:  # at the batch's version: the gap, measured
                             self._record_mismatch(sums, out[1].detach(), out[2], out[3])
                 if epoch == 0 and j == 0:
-                    drift, why = self._first_epoch_gates(sums, drift_sum, drift_tok, drift_threshold)
+                    drift, why = self._first_epoch_gates(sums, *(versioned or (drift_sum, drift_tok)),
+                                                         drift_threshold)
                     if why:
                         return self._stopped(sums, t0, drift, why)
                 grad_norm = self._clip()

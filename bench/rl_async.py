@@ -1,0 +1,86 @@
+"""The `async` section of bench/rl.py: the synchronous loop against rollout ahead of the update (rl.max_staleness
+1 and 2) on identical work, in one run.
+
+1. Start checkpoint: the tiny_cpu recipe's own SFT model, cached in the bench store (bench/rl_vs_trl.py).
+2. Per setting, through `run_rl` from that model, one run after the other (never concurrently), `reps` rounds in
+   turn (sync, staleness 1, ..., sync, ...): this machine's speed drifts by 20-40 % over minutes, so ratios are
+   taken within each round. Settings: the recipe's placement (2 policy ranks at 1 thread, a rollout worker at 2:
+   four threads on 2 cores once they overlap) at staleness 0, 1 and 2, and "1+1" (one policy rank and one rollout
+   worker, one thread each: a core each) at staleness 0 and 1.
+3. Per run: generated tokens / the steps' wall time (end to end: the sum of step times, which in an async run
+   include the waits for generation), median step time, the policy's and the rollout's idle share of a step
+   (idle/update, idle/rollout: 1 - the worker-timed seconds of one step's update / generation over the step's
+   wall), and in the first round held-out greedy accuracy (the project's evaluation, recipe eval settings) and the
+   first step whose training accuracy reached 0.95 with the seconds until then.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+SETTINGS = (("recipe", 0), ("recipe", 1), ("recipe", 2), ("1+1", 0), ("1+1", 1))
+
+
+def _placement(recipe, name: str):
+    if name == "recipe":
+        return recipe.placement
+    return replace(recipe.placement, policy_workers=1, torch_threads=1, rollout_threads=1)
+
+
+def compare(steps: int | None, reps: int = 2, settings=SETTINGS) -> dict:
+    import rl_vs_trl
+
+    from posttrain import stages
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.recipes import tiny_cpu
+
+    recipe = tiny_cpu()
+    store = ArtifactStore(rl_vs_trl.cache_dir() / "store")
+    model_ref, ds_ref = rl_vs_trl.start_checkpoint(recipe, store)
+
+    def greedy(ref) -> float:
+        return stages.evaluate(recipe.eval, recipe.reward, model=ref, dataset=ds_ref, run_id="bench-rl-async",
+                               store=store).greedy_accuracy
+
+    rounds = []
+    for rep in range(reps):
+        rows = {}
+        for placement, k in settings:
+            rl_cfg = replace(recipe.rl, checkpoint_every=0, max_staleness=k, **({"steps": steps} if steps else {}))
+            run_recipe = replace(recipe, placement=_placement(recipe, placement))
+            print(f"\n== round {rep + 1}/{reps}: placement {placement}, rl.max_staleness {k}, {rl_cfg.steps} steps ==",
+                  flush=True)
+            r = rl_vs_trl.run_project(run_recipe, rl_cfg, store, model_ref, ds_ref)
+            hist = r.pop("history")
+            r["tok_s"] = r["tokens"] / r["wall_s"]
+            r["median_step_s"] = statistics.median(h.step_s for h in hist[1:] or hist)
+            r["idle_update"] = statistics.fmean(h.extra.get("idle/update", 0.0) for h in hist[1:] or hist)
+            r["idle_rollout"] = statistics.fmean(h.extra.get("idle/rollout", 0.0) for h in hist[1:] or hist)
+            first = next((i for i, h in enumerate(hist) if h.accuracy >= 0.95), None)
+            r["to_095"] = (first + 1, sum(h.step_s for h in hist[:first + 1])) if first is not None else None
+            if rep == 0:
+                r["greedy"] = greedy(r["model"])
+            rows[(placement, k)] = r
+        rounds.append(rows)
+    return {"start": greedy(model_ref), "rounds": rounds, "rl": replace(recipe.rl, **({"steps": steps} if steps else {})),
+            "settings": settings}
+
+
+def print_section(res: dict) -> None:
+    rl, rounds, settings = res["rl"], res["rounds"], res["settings"]
+    print(f"\n## async: tiny_cpu SFT model (held-out greedy {res['start']:.3f}) -> GRPO, {rl.steps} steps x "
+          f"{rl.prompts_per_step} prompts x {rl.samples_per_prompt} samples; {len(rounds)} rounds in turn")
+    print("| placement | rl.max_staleness | generated tok/s (median over rounds) | x sync, same placement (per round) | "
+          "median step s | idle update | idle rollout | train acc >= 0.95 at step (s) | held-out greedy (round 1) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for placement, k in settings:
+        runs = [r[(placement, k)] for r in rounds]
+        ratios = [r[(placement, k)]["tok_s"] / r[(placement, 0)]["tok_s"] for r in rounds if (placement, 0) in r]
+        first = runs[0]
+        reach = f"{first['to_095'][0]} ({first['to_095'][1]:.0f} s)" if first["to_095"] else "never"
+        print(f"| {placement} | {k} | {statistics.median(r['tok_s'] for r in runs):.0f} | "
+              + (" / ".join(f"x{x:.2f}" for x in ratios) if ratios else "-")
+              + f" | {statistics.median(r['median_step_s'] for r in runs):.3f} | "
+              f"{statistics.fmean(r['idle_update'] for r in runs):.2f} | {statistics.fmean(r['idle_rollout'] for r in runs):.2f}"
+              f" | {reach} | {first['greedy']:.3f} |")
