@@ -12,6 +12,8 @@
    (idle/update, idle/rollout: 1 - the worker-timed seconds of one step's update / generation over the step's
    wall), and in the first round held-out greedy accuracy (the project's evaluation, recipe eval settings) and the
    first step whose training accuracy reached 0.95 with the seconds until then.
+4. A projection to a GPU cluster from the first round's synchronous phase times (bench/rl_async_projection.py,
+   its assumptions stated there and printed).
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def compare(steps: int | None, reps: int = 2, settings=SETTINGS) -> dict:
             hist = r.pop("history")
             r["tok_s"] = r["tokens"] / r["wall_s"]
             r["median_step_s"] = statistics.median(h.step_s for h in hist[1:] or hist)
+            r["phase_s"] = {p: statistics.median(h.phase_s.get(p, 0.0) for h in hist[1:] or hist)
+                            for p in sorted({p for h in hist for p in h.phase_s})}
             r["idle_update"] = statistics.fmean(h.extra.get("idle/update", 0.0) for h in hist[1:] or hist)
             r["idle_rollout"] = statistics.fmean(h.extra.get("idle/rollout", 0.0) for h in hist[1:] or hist)
             first = next((i for i, h in enumerate(hist) if h.accuracy >= 0.95), None)
@@ -84,3 +88,7 @@ def print_section(res: dict) -> None:
               + f" | {statistics.median(r['median_step_s'] for r in runs):.3f} | "
               f"{statistics.fmean(r['idle_update'] for r in runs):.2f} | {statistics.fmean(r['idle_rollout'] for r in runs):.2f}"
               f" | {reach} | {first['greedy']:.3f} |")
+    if ("recipe", 0) in rounds[0]:
+        from rl_async_projection import print_projection
+
+        print_projection(rounds[0][("recipe", 0)]["phase_s"])
