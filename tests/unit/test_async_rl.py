@@ -195,3 +195,18 @@ def test_the_bound_is_checked_at_plan(overrides, message):
         resolve("tiny_cpu", overrides)
     assert str(e.value).startswith(message), str(e.value)
     assert resolve("tiny_cpu", '{"rl": {"max_staleness": 2}}').rl.max_staleness == 2
+
+
+def test_a_stale_rollout_worker_is_named_before_a_sample_of_its_weights_is_trained_on():
+    """The load of version 1 queues behind draw 1; its failed check stops every later generation, so the step
+    that would train on draw 2 (generated after the load) fails with the worker's name."""
+    from posttrain.rl.weight_sync import StaleWeightsError
+    from tests.rl_fakes import StaleRolloutGroup
+
+    cfg = replace(CFG, max_staleness=1, drift_threshold=0.05)
+    c = Controller(cfg, make_fake_groups(cfg, rollout_cls=StaleRolloutGroup), fake_sampler(cfg), NullTracker(), None)
+    c.start()
+    c.step()  # draw 0 (version 0); draw 1 launched with version 0, then version 1's load queued
+    with pytest.raises(StaleWeightsError, match=r"rollout\[0/1\].*reports version 1"):
+        c.step()  # draw 1 is fine; settling version 1's load before publishing version 2 fails
+    c.ahead.close()

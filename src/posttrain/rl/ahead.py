@@ -69,6 +69,8 @@ class Ahead:
         self.launched = 0
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ahead")
         self._load: Future | None = None
+        self._failed: BaseException | None = None
+        """A weight load that failed (StaleWeightsError, a lost worker): no later generation runs."""
 
     # ------------------------------------------------------------------------------------- draws
 
@@ -106,6 +108,8 @@ class Ahead:
         self.launched += 1
 
     def _generate(self, prompts: PromptBatch, seed: int) -> Trajectories:
+        if self._failed is not None:  # the load queued before this generation failed: never sample on stale weights
+            raise self._failed
         c = self.cfg
         traj = self.rollout.generate(prompts, n=c.samples_per_prompt, temperature=c.temperature,
                                      max_new_tokens=c.max_new_tokens, seed=seed, top_p=c.top_p, top_k=c.top_k)
@@ -115,7 +119,14 @@ class Ahead:
 
     def push(self, load: Callable[[], None]) -> None:
         """Queue `load` (the rollout workers take a new version and it is verified) behind the draws in flight."""
-        self._load = self.pool.submit(load)
+        def job() -> None:
+            try:
+                load()
+            except BaseException as e:
+                self._failed = e
+                raise
+
+        self._load = self.pool.submit(job)
 
     def settle(self) -> None:
         """Wait for the last queued weight load (raising what it raised): before the next version is published."""
