@@ -151,8 +151,11 @@ def run_trl(recipe, rl_cfg, store, model_ref, ds_ref, threads: int) -> dict:
             "torch_threads": out["torch_threads"]}
 
 
-def compare(steps: int | None = None, threads: int = 2, lora: bool = False) -> dict:
-    """Both runs and their evaluations; returns the rows bench/rl.py prints."""
+def compare(steps: int | None = None, threads: int = 2, lora: bool = False, pairs: int = 1,
+            project: dict | None = None) -> dict:
+    """Both runs and their evaluations, `pairs` times in turn (the models of the first pair evaluated); returns the
+    rows bench/rl.py prints. `project`: {"rl": {...}, "placement": {...}} for the project's side only (its fastest
+    setting, e.g. rl.max_staleness); the work - prompts, samples, lengths, lr - stays the recipe's on both."""
     from posttrain import stages
     from posttrain.artifacts import ArtifactStore
     from posttrain.config import LoraConfig
@@ -169,17 +172,25 @@ def compare(steps: int | None = None, threads: int = 2, lora: bool = False) -> d
         e = stages.evaluate(recipe.eval, recipe.reward, model=ref, dataset=ds_ref, run_id="bench-rl-trl", store=store)
         return e.greedy_accuracy, e.sampled_accuracy
 
+    project = project or {}
+    own = replace(recipe, placement=replace(recipe.placement, **project.get("placement", {})))
+    own_rl = replace(rl_cfg, **project.get("rl", {}))
     start = acc(model_ref)
-    rows = {}
-    for name, run in (("posttrain GRPO", lambda: run_project(recipe, rl_cfg, store, model_ref, ds_ref)),
-                      ("TRL GRPOTrainer", lambda: run_trl(recipe, rl_cfg, store, model_ref, ds_ref, threads))):
-        print(f"\n== {name}: {rl_cfg.steps} steps ==", flush=True)
-        r = run()
-        r["after"] = acc(r["model"])
-        r["tok_s"] = r["tokens"] / r["wall_s"]
-        r["median_step_s"] = statistics.median(r["step_s"])
-        rows[name] = r
-    return {"recipe": recipe, "rl": rl_cfg, "start": start, "rows": rows, "lora": recipe.model.lora}
+    all_rows = []
+    for pair in range(pairs):
+        rows = {}
+        for name, run in (("posttrain GRPO", lambda: run_project(own, own_rl, store, model_ref, ds_ref)),
+                          ("TRL GRPOTrainer", lambda: run_trl(recipe, rl_cfg, store, model_ref, ds_ref, threads))):
+            print(f"\n== pair {pair + 1}/{pairs}, {name}: {rl_cfg.steps} steps ==", flush=True)
+            r = run()
+            if pair == 0:
+                r["after"] = acc(r["model"])
+            r["tok_s"] = r["tokens"] / r["wall_s"]
+            r["median_step_s"] = statistics.median(r["step_s"])
+            rows[name] = r
+        all_rows.append(rows)
+    return {"recipe": recipe, "rl": rl_cfg, "start": start, "rows": all_rows[0], "pairs": all_rows,
+            "lora": recipe.model.lora, "project": project}
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--sft"]:
