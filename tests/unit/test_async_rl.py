@@ -210,3 +210,34 @@ def test_a_stale_rollout_worker_is_named_before_a_sample_of_its_weights_is_train
     with pytest.raises(StaleWeightsError, match=r"rollout\[0/1\].*reports version 1"):
         c.step()  # draw 1 is fine; settling version 1's load before publishing version 2 fails
     c.ahead.close()
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "dr_grpo", "gspo", "reinforce_pp", "dapo", "ppo", "on_policy_distill"])
+def test_every_algorithm_trains_on_samples_one_version_behind(folders, world_of_one, name):
+    """Each loop of the family, PPO (critic) and on-policy distillation (teacher), with real workers in-process:
+    every batch the policy trains on carries versions exactly one behind (after the first step; DAPO's extra draws
+    within a step between one behind and none)."""
+    from tests.unit import test_rl_distill, test_rl_pg_family, test_rl_ppo
+
+    if name == "ppo":
+        cfg = replace(test_rl_ppo.PPO, max_staleness=1, steps=3, checkpoint_every=0)
+        c = test_rl_ppo._controller(folders, cfg)
+        real, batches = c.groups["policy"].update, []
+        c.groups["policy"].update = lambda b, **kw: batches.append(b) or real(b, **kw)
+        history = c.run(cfg.steps)
+    elif name == "on_policy_distill":
+        cfg = replace(test_rl_distill.OPD, max_staleness=1, steps=3)
+        history, seen = test_rl_distill._run(folders, cfg, folders["tiny"])
+        batches = seen["batches"]
+    else:
+        base = test_rl_pg_family.CASES[name][0] if name in test_rl_pg_family.CASES else replace(
+            test_rl_pg_family.BASE, algorithm=Algorithm(name))
+        cfg = replace(base, max_staleness=1, steps=3)
+        history, seen, _, _ = test_rl_pg_family._run(folders, cfg)
+        batches = seen["batches"]
+    assert batches, "no update ran"
+    for b in batches:
+        assert b.versions is not None and {b.policy_version - v for v in b.versions} <= {0, 1}
+        if name != "dapo":  # DAPO's extra draws of a step are taken later, at its own version: between v - 1 and v
+            assert b.policy_version == 0 or set(b.versions) == {b.policy_version - 1}
+    assert all(m.extra["async/staleness_max"] <= 1 for m in history)
