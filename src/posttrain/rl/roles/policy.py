@@ -54,7 +54,9 @@ those, so no separate forward is run: each rank sums |policy - rollout| over its
 sums and counts, and every rank sees the same mean. Above `rl.drift_threshold` - or NaN - the update stops
 before its optimizer step, as it does when the group's loss or the (all-reduced, so identical on every rank)
 gradient norm is not finite: the weights and version stay as they were and the stats say why (`applied`
-False, `stopped`).
+False, `stopped`). A batch generated ahead of the update (rl.max_staleness > 0) was sampled by older versions:
+its drift is measured at each row's own version instead (policy_versions.KeptVersions), and a row more than
+rl.max_staleness versions behind is refused.
 """
 
 from __future__ import annotations
