@@ -154,3 +154,13 @@ def test_the_policy_worker_picks_where_its_weights_fit_and_removes_them_on_its_n
     assert shared.path.startswith(folder)
     w.remove_shared()
     assert not (small_shm / "posttrain-weights-x").exists() and not __import__("os").path.exists(folder)
+
+
+def test_with_loads_still_queued_the_newest_older_files_stay(tmp_path):
+    """Rollout ahead by k (rl.max_staleness): k - 1 loads may still wait in the queue when a version is written,
+    so write keeps that many older files and deletes the rest."""
+    sd = Tied(0).state_dict()
+    for v in (1, 2, 3):
+        wt.write(sd, tmp_path, version=v, node="n", keep=1)
+    assert sorted(p.name for p in tmp_path.glob("weights-v*")) == ["weights-v000002.safetensors",
+                                                                  "weights-v000003.safetensors"]

@@ -201,7 +201,7 @@ class RLConfig:
     rl.mismatch_correction: 'off' clips the ratio against the rollout's own (behaviour) log-probs; 'token_tis',
     'sequence_tis' or 'token_mask' is decoupled PPO - the ratio against the trainer's current (proximal)
     log-probs, each token weighted by the capped behaviour ratio. The drift gate compares every sample with the
-    trainer at the version that generated it (the policy keeps the last k versions' trained weights). Needs
+    trainer at the version that generated it (each policy rank keeps the trained weights of its last k + 1 versions). Needs
     rollout workers of their own (placement.rollout_workers >= 1)."""
     checkpoint_every: int = 20
     """Save a model artifact and the training state every this many steps (0: only at the end)."""

@@ -118,8 +118,8 @@ class Controller:
         """Hand the policy's weights to every rollout worker; each must report back exactly this version and
         the handle's checksum (`verify_reports` names any worker that does not). Rollout ahead: the load queues
         behind the draws in flight, once the previous one is done (its file released), and is verified there."""
-        if self.ahead:
-            self.ahead.settle()
+        if self.ahead:  # its file may go: at most k - 1 older loads stay queued (weight_transfer.write keeps them)
+            self.ahead.settle(outstanding=self.cfg.max_staleness - 1)
         handle = self.groups["policy"].weights()
         if handle.version != version or (checksum is not None and handle.checksum != checksum):
             want = f"version {version}" + (f" checksum {checksum[:12]}" if checksum is not None else "")
@@ -142,6 +142,8 @@ class Controller:
         weights to the rollout workers - also on a fresh start, so both sides provably hold version 0. First of
         all, the reward group checks that its function can be called with the dataset's columns."""
         self.groups["reward"].check_arguments(self.sampler.column_names())
+        # a checkpoint written under another bound is refused before any group loads its state
+        draws = _in_flight(self.checkpointer.latest() if self.checkpointer else None, self.cfg.max_staleness)
         state = self.checkpointer.restore(self.groups) if self.checkpointer else None
         if state is not None:
             self.step_count, self.version = state.step, state.policy_version
@@ -150,7 +152,6 @@ class Controller:
             self.model_id = state.model_id
             self.history = [StepMetrics(**_unflatten(h)) for h in state.history]
             print(f"rl: resumed at step {state.step} (policy version {state.policy_version})", flush=True)
-        draws = _in_flight(state, self.cfg.max_staleness)
         self._push_weights(self.version)
         if self.ahead:
             self.ahead.settle()  # version 0 (or the resumed one) verified before any draw is generated with it
@@ -172,14 +173,14 @@ class Controller:
                     self.save()
             if self.checkpointer and self.model_id is None:  # resumed a finished run that never saved
                 self.save()
-        except BaseException:
             if self.ahead:
-                self.ahead.close()
+                self.ahead.settle()  # the last version's load verified, as the synchronous loop's is
+        except BaseException:
             self.tracker.close(failed=True)
             raise
-        if self.ahead:
-            self.ahead.settle()  # the last version's load verified, as the synchronous loop's is
-            self.ahead.close()
+        finally:
+            if self.ahead:
+                self.ahead.close()
         self.tracker.close(self.model_id)
         return self.history
 
@@ -187,6 +188,8 @@ class Controller:
         if self.checkpointer is None:
             return
         self.stage = "save"
+        if self.ahead:  # every version's load verified before a checkpoint holds it, as in the synchronous loop
+            self.ahead.settle()
         state = {"sampler": self.sampler.state_dict(), "rng_state": _rng_to_json(self.rng.getstate()),
                  "wandb_id": getattr(self.tracker, "wandb_id", None),
                  **({"ahead": {"max_staleness": self.cfg.max_staleness, **self.ahead.state_dict()}}

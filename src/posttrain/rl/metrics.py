@@ -81,9 +81,12 @@ class StepMetrics:
         return out
 
 
-def overhead(compute_s: dict[str, float], step_s: float) -> float:
-    """0 when the roles' compute adds up to more than the step's wall (generation ahead overlaps the update)."""
-    return max(0.0, 1.0 - sum(compute_s.values()) / step_s) if step_s > 0 else 0.0
+def overhead(compute_s: dict[str, float], step_s: float, *, overlapped: bool = False) -> float:
+    """`overlapped` (generation ahead of the update): 0 when the roles' compute adds up to more than the step's wall."""
+    if step_s <= 0:
+        return 0.0
+    share = 1.0 - sum(compute_s.values()) / step_s
+    return max(share, 0.0) if overlapped else share
 
 
 def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict[str, float],
@@ -117,7 +120,7 @@ def step_metrics(*, step: int, outcome: StepOutcome, version: int, phase_s: dict
         kl=u[0], entropy=u[1], clip_fraction=u[2], loss=u[3], grad_norm=u[4], drift=u[5],
         response_len_mean=n_tokens / len(traj.response_ids),
         generated_tokens=n_tokens, generated_tokens_per_s=tokens_per_s,
-        phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s),
+        phase_s=phase_s, compute_s=compute, step_s=step_s, orchestration_overhead=overhead(compute, step_s, overlapped=traj.versions is not None),
         extra={**outcome.extra, **notes_metrics(traj), **idle_metrics(traj, stats, step_s),
                **({"mismatch/kl": stats.mismatch_kl, "mismatch/max_abs_logp": stats.mismatch_max,
                    "update/skipped_rows": float(stats.skipped_rows)} if stats is not None else {})},

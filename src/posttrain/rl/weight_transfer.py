@@ -146,9 +146,10 @@ def write_order(named: Mapping[str, torch.Tensor]) -> list[str]:
 
 
 def write(named: Mapping[str, torch.Tensor], folder: str | Path, *, version: int, node: str,
-          dtype: torch.dtype = torch.float32) -> SharedWeights:
+          dtype: torch.dtype = torch.float32, keep: int = 0) -> SharedWeights:
     """Stream `named` (cast to `dtype`, moved to the CPU one tensor at a time) into folder/weights-vN.safetensors
-    (written under a temporary name, then renamed) after deleting the files of older versions, and say where
+    (written under a temporary name, then renamed) after deleting the files of older versions - all but the
+    `keep` newest of them (rollout ahead of the update: loads still queued behind generations), and say where
     it is."""
     if dtype not in _DTYPES:
         raise ValueError(f"weight transfer: dtype {dtype} is not one of {sorted(map(str, _DTYPES))}")
@@ -164,7 +165,8 @@ def write(named: Mapping[str, torch.Tensor], folder: str | Path, *, version: int
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     path = folder / f"weights-v{version:06d}.safetensors"
-    for old in folder.glob("weights-v*"):  # every reader is done with it: one file's worth of memory at a time
+    older = sorted(folder.glob("weights-v*"), key=lambda p: p.name)  # zero-padded versions: name order
+    for old in older[:max(len(older) - keep, 0)]:  # every reader is done with these: one file's worth at a time
         old.unlink(missing_ok=True)
     need = 8 + len(raw) + offset
     if (free := free_bytes(folder)) < need:

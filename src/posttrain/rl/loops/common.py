@@ -157,7 +157,8 @@ def update_policy(policy: TrainsPolicy, batch: TrainBatch, cfg: RLConfig, run: S
                   ) -> UpdateStats:
     """One SPMD policy update. Before it both sides hold version v, so its first forward compares the rollout
     engine with the policy on identical weights - the drift check of the previous step's weight sync, end to
-    end; the drift gate and the non-finite gates stop it before its optimizer step."""
+    end (samples generated ahead, rl.max_staleness: the policy ranks compare each row at the version that
+    generated it); the drift gate and the non-finite gates stop it before its optimizer step."""
     check_finite("advantages", [x for row in batch.advantages for x in (row if isinstance(row, list) else [row])],
                  step=run.step)
     with run.phase("update"):

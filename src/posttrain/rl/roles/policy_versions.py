@@ -82,6 +82,11 @@ class KeptVersions:
         at the version that generated it. Every rank walks the same kept versions (under FSDP2 each forward
         gathers the model, with every rank), whether or not it has rows of that version."""
         total, tokens = 0.0, 0.0
+        for sh in shards:  # a row the walk below would not match must not pass the gate unmeasured
+            if sh.versions is None or any(v not in self._kept for v in sh.versions):
+                raise RuntimeError(f"{self.id}: a train batch generated ahead must name every row's version, one of "
+                                   f"the kept {sorted(self._kept)}; got "
+                                   f"{None if sh.versions is None else sorted(set(sh.versions))}")
         for v in sorted(self._kept):
             rows = [(sh, i) for sh in shards for i, rv in enumerate(sh.versions or []) if rv == v]
             if not rows and not parallel.is_sharded(self.model):

@@ -130,7 +130,7 @@ class PolicyWeights:
             _read_along(named, weight_transfer.write_order(named))
             return None
         return weight_transfer.write(self._rollout_weights(), folder, version=self.version, node=self.id.node,
-                                     dtype=self.sync_dtype)
+                                     dtype=self.sync_dtype, keep=max(self.cfg.max_staleness - 1, 0))
 
 
 def _read_along(named: Mapping[str, torch.Tensor], names: list[str]) -> None:
