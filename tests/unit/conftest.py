@@ -46,3 +46,13 @@ def world_of_one(monkeypatch):
     info = init_distributed()
     yield info
     dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch at one intra-op thread for the test: the in-process fakes' ops are tiny, and more threads only add
+    contention on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

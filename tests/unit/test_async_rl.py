@@ -8,7 +8,6 @@ import math
 from dataclasses import replace
 
 import pytest
-import torch
 
 from posttrain.config import Algorithm, RLConfig
 from posttrain.rl.ahead import traj_from_json, traj_to_json
@@ -18,13 +17,7 @@ from posttrain.rl.state import Checkpointer
 from posttrain.rl.types import Trajectories
 from tests.rl_fakes import NullTracker, fake_sampler, make_fake_groups
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/unit/conftest.py
 
 
 CFG = RLConfig(steps=6, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=4, lr=0.05, kl_coef=0.0,

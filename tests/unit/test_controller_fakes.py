@@ -29,16 +29,7 @@ from tests.rl_fakes import (
     make_fake_groups,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The fake model's ops are tiny: intra-op threads only add contention on a shared 2-core machine."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/unit/conftest.py
 
 
 CFG = RLConfig(steps=4, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=4, lr=0.05, inner_epochs=2,

@@ -176,15 +176,7 @@ class PolicyWorker(PolicyWeights, KeptVersions, SPMDWorker):
         sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clip": 0.0, "ent": 0.0, "tok": 0, "mm_kl": 0.0, "mm_max": 0.0,
                 "mm_tok": 0}
         grad_norm, drift = 0.0, math.nan
-        # the trainer's own log-probs at the batch's version: the first forward's when there is one pass over one
-        # mini-batch, else a no-grad forward over every shard before any optimizer step (mismatch correction)
-        trainer_old = None
-        if cfg.mismatch_correction != MismatchCorrection.OFF and (cfg.inner_epochs > 1 or len(shards) > 1):
-            trainer_old = [self.log_probs(sh.prompt_ids, sh.response_ids, cfg.temperature)[0] for sh in shards]
-            for sh, rows in zip(shards, trainer_old):
-                shape = (len(rows), max((len(r) for r in rows), default=0))
-                mask = loss_mask(sh, 0, len(rows), shape)
-                self._record_mismatch(sums, pad_rows(rows, shape), pad_rows(sh.old_logprobs, shape), mask)
+        trainer_old = self._trainer_old(shards, sums)
         for epoch in range(cfg.inner_epochs):
             for j, sh in enumerate(shards):
                 norm = grpo.normalizer(sh.loss_agg or cfg.loss_agg, tokens=g_tok[j], sequences=g_seq[j],
@@ -217,6 +209,21 @@ class PolicyWorker(PolicyWeights, KeptVersions, SPMDWorker):
         self.version += 1
         return_free_memory()
         return self._answer(sums, t0, drift, grad_norm, applied=True, stopped="")
+
+    def _trainer_old(self, shards: list[TrainBatch], sums: dict) -> list[list[list[float]]] | None:
+        """The trainer's own log-probs at the batch's version for rl.mismatch_correction, with their gap recorded
+        in `sums`: a no-grad forward over every shard before any optimizer step when there are several passes or
+        mini-batches; None when the update's first forward gives them (one pass over one mini-batch) or no
+        correction is asked for."""
+        cfg = self.cfg
+        if cfg.mismatch_correction == MismatchCorrection.OFF or (cfg.inner_epochs == 1 and len(shards) == 1):
+            return None
+        trainer_old = [self.log_probs(sh.prompt_ids, sh.response_ids, cfg.temperature)[0] for sh in shards]
+        for sh, rows in zip(shards, trainer_old):
+            shape = (len(rows), max((len(r) for r in rows), default=0))
+            mask = loss_mask(sh, 0, len(rows), shape)
+            self._record_mismatch(sums, pad_rows(rows, shape), pad_rows(sh.old_logprobs, shape), mask)
+        return trainer_old
 
     def _backward(self, shard: TrainBatch, lo: int, hi: int, norm: float, sync: bool,
                   trainer_old: list[list[float]] | None = None) -> tuple:
