@@ -153,13 +153,25 @@ def test_a_real_model_learns_from_samples_one_version_old_with_the_drift_gate_at
     assert _late_reward(history) >= 0.9, _late_reward(history)
 
 
-def test_a_perturbed_engine_fails_the_version_matched_drift_gate(folders, world_of_one):
+@pytest.mark.parametrize("fraction", [0.125, 1.0])
+def test_a_perturbed_engine_fails_the_version_matched_drift_gate(folders, world_of_one, fraction):
+    """Measured on an eighth of the rows (the default) as on all of them."""
     from posttrain.rl.weight_sync import WeightDriftError
     from tests.unit.test_rl_mismatch import CFG as MCFG
     from tests.unit.test_rl_mismatch import SIGMA, _run
 
     with pytest.raises(WeightDriftError, match="drift at policy version"):
-        _run(folders, replace(MCFG, steps=3, max_staleness=1, drift_threshold=0.05), SIGMA)
+        _run(folders, replace(MCFG, steps=3, max_staleness=1, drift_threshold=0.05, ahead_drift_fraction=fraction),
+             SIGMA)
+
+
+def test_the_drift_gate_ahead_measures_an_evenly_spaced_share_of_the_rows():
+    from posttrain.rl.roles.policy_versions import _evenly_spaced
+
+    assert _evenly_spaced(list(range(16)), 0.125) == [0, 8]
+    assert _evenly_spaced(list(range(16)), 1.0) == list(range(16))
+    assert _evenly_spaced(list(range(3)), 0.125) == [0]
+    assert _evenly_spaced([], 0.125) == []
 
 
 def test_the_real_policy_refuses_a_row_beyond_the_bound(folders, world_of_one):
@@ -179,6 +191,8 @@ def test_the_real_policy_refuses_a_row_beyond_the_bound(folders, world_of_one):
     ('{"rl": {"max_staleness": -1}}', "rl.max_staleness: must be >= 0"),
     ('{"rl": {"max_staleness": 1}, "placement": {"rollout_workers": 0}}',
      "rl.max_staleness: 1 generates ahead of the update, in rollout workers of their own"),
+    ('{"rl": {"ahead_drift_fraction": 0.5}}', "rl.ahead_drift_fraction: only applies to samples generated ahead"),
+    ('{"rl": {"max_staleness": 1, "ahead_drift_fraction": 0}}', "rl.ahead_drift_fraction: must be in (0, 1]"),
 ])
 def test_the_bound_is_checked_at_plan(overrides, message):
     from posttrain.config import ConfigError

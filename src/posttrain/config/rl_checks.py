@@ -183,6 +183,10 @@ def _check_placement(p: PlacementConfig, r: RLConfig) -> None:
     _check(r.max_staleness == 0 or p.rollout_workers >= 1, "rl.max_staleness",
            f"{r.max_staleness} generates ahead of the update, in rollout workers of their own, but "
            "placement.rollout_workers is 0 (the policy ranks generate, so they cannot update at the same time)")
+    _check(0 < r.ahead_drift_fraction <= 1, "rl.ahead_drift_fraction", "must be in (0, 1] (1: every row)")
+    _check(r.ahead_drift_fraction == RLConfig.ahead_drift_fraction or r.max_staleness > 0, "rl.ahead_drift_fraction",
+           "only applies to samples generated ahead (rl.max_staleness > 0); the synchronous loop's drift gate "
+           "measures every row at no cost")
     _check(r.policy_generate_batch >= 0, "rl.policy_generate_batch", "must be >= 0 (0: all rows at once)")
     _check(r.policy_generate_batch == 0 or p.rollout_workers == 0, "rl.policy_generate_batch",
            f"sizes the policy ranks' own generation, but placement.rollout_workers is {p.rollout_workers}: rollout "

@@ -207,6 +207,11 @@ class RLConfig:
     """Save a model artifact and the training state every this many steps (0: only at the end)."""
     keep_state: bool = False
     """Keep the resumable training state after the final model is stored (default: deleted then)."""
+    ahead_drift_fraction: float = 0.125
+    """With rl.max_staleness > 0, the share of each policy rank's rows (evenly spaced, at least one) whose drift
+    is measured at the version that generated them: that check is one extra no-grad forward per step with the
+    kept weights of that version (the synchronous loop's is free), so it runs over 1/8 of the rows by default.
+    1.0: every row. Only read when generating ahead."""
     drift_threshold: float = 0.05
     """Fail when mean |rollout logprob - policy logprob| over the same tokens exceeds this."""
     mismatch_correction: MismatchCorrection = MismatchCorrection.OFF

@@ -7,8 +7,11 @@ is the lag the off-policy correction handles, not a fault; the engine's fault is
 rollout's log-probs and the trainer AT THE VERSION THAT GENERATED them. So each update first keeps a copy of
 the weights it starts from (the trained tensors only: a LoRA rank's adapters; under FSDP2 the rank's shards), on
 the CPU, for the last k + 1 versions; the drift gate puts each row's version back in for one no-grad forward
-over that version's rows and then the current weights again - one forward over the batch per step, the price of
-the gate. The kept versions are part of the rank's state (`kept-rank<r>.safetensors`), so a resumed run gates
+over that version's rows and then the current weights again. That forward is the gate's price (x1.33 the update's
+time on the embedded default at 1 thread when it ran over every row), so it runs over rl.ahead_drift_fraction
+of the rows (1/8 by default), evenly spaced: a fault of the engine or the weight sync - the wrong weights, the
+wrong temperature - moves every row's log-probs, and the mean over an eighth of a batch's rows shows it as the
+mean over all of them would (tests: a perturbed engine fails the gate at the default). The kept versions are part of the rank's state (`kept-rank<r>.safetensors`), so a resumed run gates
 its first steps as the uninterrupted one does.
 
 `KeptVersions` is a part of policy.PolicyWorker (a mixin): it reads the worker's `cfg`, `model`, `version`, `id`,
@@ -17,6 +20,7 @@ its first steps as the uninterrupted one does.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,6 +35,12 @@ from posttrain.spmd import parallel
 def _local(p: torch.Tensor) -> torch.Tensor:
     """The rank's own part of a parameter: its shard under FSDP2 (a DTensor's local tensor), else itself."""
     return p.to_local() if hasattr(p, "to_local") else p
+
+
+def _evenly_spaced(rows: list, fraction: float) -> list:
+    """ceil(fraction x len(rows)) of `rows` (at least one of a non-empty list), evenly spaced from the first."""
+    m = min(len(rows), max(1, math.ceil(fraction * len(rows)))) if rows else 0
+    return [rows[j * len(rows) // m] for j in range(m)]
 
 
 class KeptVersions:
@@ -78,8 +88,8 @@ class KeptVersions:
                     _local(p).copy_(self._kept[self.version][n])
 
     def drift_at_versions(self, shards: list[TrainBatch], temperature: float) -> tuple[float, float]:
-        """(sum of |trainer - rollout| log-prob, tokens) over this rank's rows, each row's trainer log-probs taken
-        at the version that generated it. Every rank walks the same kept versions (under FSDP2 each forward
+        """(sum of |trainer - rollout| log-prob, tokens) over rl.ahead_drift_fraction of this rank's rows (evenly
+        spaced over its shards), each row's trainer log-probs taken at the version that generated it. Every rank walks the same kept versions (under FSDP2 each forward
         gathers the model, with every rank), whether or not it has rows of that version."""
         total, tokens = 0.0, 0.0
         for sh in shards:  # a row the walk below would not match must not pass the gate unmeasured
@@ -87,8 +97,10 @@ class KeptVersions:
                 raise RuntimeError(f"{self.id}: a train batch generated ahead must name every row's version, one of "
                                    f"the kept {sorted(self._kept)}; got "
                                    f"{None if sh.versions is None else sorted(set(sh.versions))}")
+        measured = _evenly_spaced([(sh, i) for sh in shards for i in range(len(sh.versions or []))],
+                                  self.cfg.ahead_drift_fraction)
         for v in sorted(self._kept):
-            rows = [(sh, i) for sh in shards for i, rv in enumerate(sh.versions or []) if rv == v]
+            rows = [(sh, i) for sh, i in measured if sh.versions[i] == v]
             if not rows and not parallel.is_sharded(self.model):
                 continue
             with self._weights_of(v):
