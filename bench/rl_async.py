@@ -5,8 +5,9 @@
 2. Per setting, through `run_rl` from that model, one run after the other (never concurrently), `reps` rounds in
    turn (sync, staleness 1, ..., sync, ...): this machine's speed drifts by 20-40 % over minutes, so ratios are
    taken within each round. Settings: the recipe's placement (2 policy ranks at 1 thread, a rollout worker at 2:
-   four threads on 2 cores once they overlap) at staleness 0, 1 and 2, and "1+1" (one policy rank and one rollout
-   worker, one thread each: a core each) at staleness 0 and 1.
+   four threads on 2 cores once they overlap) at staleness 0, 1 and 2; "1+1" (one policy rank and one rollout
+   worker, one thread each: a core each) and "2+1" (two policy ranks and a rollout worker, one thread each) at
+   staleness 0 and 1.
 3. Per run: generated tokens / the steps' wall time (end to end: the sum of step times, which in an async run
    include the waits for generation), median step time, the policy's and the rollout's idle share of a step
    (idle/update, idle/rollout: 1 - the worker-timed seconds of one step's update / generation over the step's
@@ -21,13 +22,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-SETTINGS = (("recipe", 0), ("recipe", 1), ("recipe", 2), ("1+1", 0), ("1+1", 1))
+SETTINGS = (("recipe", 0), ("recipe", 1), ("recipe", 2), ("1+1", 0), ("1+1", 1), ("2+1", 0), ("2+1", 1))
 
 
 def _placement(recipe, name: str):
+    """'recipe', or 'p+r': p policy ranks at one thread each and a rollout worker at r threads."""
     if name == "recipe":
         return recipe.placement
-    return replace(recipe.placement, policy_workers=1, torch_threads=1, rollout_threads=1)
+    p, r = (int(x) for x in name.split("+"))
+    return replace(recipe.placement, policy_workers=p, torch_threads=1, rollout_threads=r)
 
 
 def compare(steps: int | None, reps: int = 2, settings=SETTINGS) -> dict:
