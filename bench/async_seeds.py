@@ -37,8 +37,8 @@ def rl_run(home: Path, staleness: int, placement: dict) -> dict:
     from posttrain.artifacts import ArtifactStore
 
     def matches(m) -> bool:
-        cfg = m.config
-        return ((cfg.get("rl") or {}).get("max_staleness", 0) == staleness
+        cfg = m.config  # an RL model (the SFT model keeps a history too, but no rl section and no step)
+        return ("rl" in cfg and "step" in m.extra and cfg["rl"].get("max_staleness", 0) == staleness
                 and all((cfg.get("placement") or {}).get(k) == v for k, v in placement.items())
                 and (placement or (cfg.get("placement") or {}).get("policy_workers") != 1))
 

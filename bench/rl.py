@@ -37,7 +37,8 @@ Sections (`--sections placement,engines,trl,ppo,cluster,lora,async`; default all
   from the tiny_cpu SFT model, in the recipe's placement and with one policy rank and one rollout worker at a core
   each, --async-reps rounds in turn (--async-steps each): generated tokens / the steps' wall, ratio to the
   synchronous run of the same placement within each round, median step, the policy's and rollout's idle share,
-  the step training accuracy first reached 0.95, held-out greedy.
+  the step training accuracy first reached 0.95, held-out greedy; then the same on SmolLM2-135M-Instruct
+  (small_instruct_cpu from the start model, --async-real-reps rounds of --async-real-steps steps; `make real-model`).
 Run on an otherwise idle machine: Ray workers run at nice 15, so any other process takes their CPU first.
 """
 
@@ -199,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-pairs", type=int, default=1, help="lora section: full/LoRA pairs, in turn")
     ap.add_argument("--async-steps", type=int, default=0, help="async section: RL steps (0: the recipe's own, 100)")
     ap.add_argument("--async-reps", type=int, default=2, help="async section: rounds of every setting, in turn")
+    ap.add_argument("--async-real-steps", type=int, default=8,
+                    help="async section: RL steps per run on SmolLM2-135M-Instruct (0: leave the real model out)")
+    ap.add_argument("--async-real-reps", type=int, default=1, help="async section: rounds on SmolLM2, in turn")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
     if unknown := set(sections) - set(SECTIONS):
@@ -224,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             import rl_async
 
             rl_async.print_section(rl_async.compare(args.async_steps or None, args.async_reps))
+            if args.async_real_steps:
+                rl_async.print_real(rl_async.compare_real(args.async_real_steps, args.async_real_reps))
         print(f"({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     load1 = os.getloadavg()
     print(f"\nload average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "

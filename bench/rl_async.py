@@ -15,6 +15,11 @@
    first step whose training accuracy reached 0.95 with the seconds until then.
 4. A projection to a GPU cluster from the first round's synchronous phase times (bench/rl_async_projection.py,
    its assumptions stated there and printed).
+5. The same on a real model (`compare_real`): the small_instruct_cpu recipe on SmolLM2-135M-Instruct (the folder
+   `make real-model` builds), from the start model itself, at staleness 0, 1 and 2 in the recipe's placement (one
+   policy rank and one rollout worker at two threads each) and 0 and 1 in "1+1", a few steps each (a step takes
+   seconds, not a fraction of one): tokens/s, ratios, median step and idle shares. No held-out accuracy: a few
+   steps at the recipe's lr 1e-6 leave greedy where it starts (the real-model gain is bench/real_model.py's).
 """
 
 from __future__ import annotations
@@ -56,14 +61,8 @@ def compare(steps: int | None, reps: int = 2, settings=SETTINGS) -> dict:
             run_recipe = replace(recipe, placement=_placement(recipe, placement))
             print(f"\n== round {rep + 1}/{reps}: placement {placement}, rl.max_staleness {k}, {rl_cfg.steps} steps ==",
                   flush=True)
-            r = rl_vs_trl.run_project(run_recipe, rl_cfg, store, model_ref, ds_ref)
-            hist = r.pop("history")
-            r["tok_s"] = r["tokens"] / r["wall_s"]
-            r["median_step_s"] = statistics.median(h.step_s for h in hist[1:] or hist)
-            r["phase_s"] = {p: statistics.median(h.phase_s.get(p, 0.0) for h in hist[1:] or hist)
-                            for p in sorted({p for h in hist for p in h.phase_s})}
-            r["idle_update"] = statistics.fmean(h.extra.get("idle/update", 0.0) for h in hist[1:] or hist)
-            r["idle_rollout"] = statistics.fmean(h.extra.get("idle/rollout", 0.0) for h in hist[1:] or hist)
+            r = _timed_run(run_recipe, rl_cfg, store, model_ref, ds_ref)
+            hist = r.pop("hist")
             first = next((i for i, h in enumerate(hist) if h.accuracy >= 0.95), None)
             r["to_095"] = (first + 1, sum(h.step_s for h in hist[:first + 1])) if first is not None else None
             if rep == 0:
@@ -72,6 +71,76 @@ def compare(steps: int | None, reps: int = 2, settings=SETTINGS) -> dict:
         rounds.append(rows)
     return {"start": greedy(model_ref), "rounds": rounds, "rl": replace(recipe.rl, **({"steps": steps} if steps else {})),
             "settings": settings}
+
+
+REAL_SETTINGS = (("recipe", 0), ("recipe", 1), ("recipe", 2), ("1+1", 0), ("1+1", 1))
+
+
+def _timed_run(run_recipe, rl_cfg, store, model_ref, ds_ref) -> dict:
+    import rl_vs_trl
+
+    r = rl_vs_trl.run_project(run_recipe, rl_cfg, store, model_ref, ds_ref)
+    hist = r.pop("history")
+    r["tok_s"] = r["tokens"] / r["wall_s"]
+    r["median_step_s"] = statistics.median(h.step_s for h in hist[1:] or hist)
+    r["phase_s"] = {p: statistics.median(h.phase_s.get(p, 0.0) for h in hist[1:] or hist)
+                    for p in sorted({p for h in hist for p in h.phase_s})}
+    r["idle_update"] = statistics.fmean(h.extra.get("idle/update", 0.0) for h in hist[1:] or hist)
+    r["idle_rollout"] = statistics.fmean(h.extra.get("idle/rollout", 0.0) for h in hist[1:] or hist)
+    r["hist"] = hist
+    return r
+
+
+def compare_real(steps: int, reps: int = 1, settings=REAL_SETTINGS) -> dict:
+    """Item 5 of the module docstring: small_instruct_cpu on SmolLM2-135M-Instruct, from the start model."""
+    import tempfile
+    from pathlib import Path
+
+    from posttrain.artifacts import ArtifactStore
+    from posttrain.data.prepare import prepare_dataset
+    from posttrain.recipes import small_instruct_cpu
+
+    recipe = small_instruct_cpu()
+    model_dir = Path(recipe.model.base_path)
+    if not (model_dir / "config.json").exists():
+        raise SystemExit(f"{model_dir}: no SmolLM2-135M-Instruct folder - `make real-model` builds it")
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="bench-rl-async-real-") as tmp:
+        root = Path(tmp)
+        prepare_dataset(recipe.data, root / "dataset", require_completions=False)
+        store = ArtifactStore(root / "store")
+        model_ref = store.put("model", "start", model_dir, run_id="bench-rl-async", parents=[], config={})
+        ds_ref = store.put("dataset", "data", root / "dataset", run_id="bench-rl-async", parents=[], config={})
+        for rep in range(reps):
+            rows = {}
+            for placement, k in settings:
+                rl_cfg = replace(recipe.rl, checkpoint_every=0, max_staleness=k, steps=steps)
+                print(f"\n== SmolLM2 round {rep + 1}/{reps}: placement {placement}, rl.max_staleness {k}, {steps} "
+                      "steps ==", flush=True)
+                rows[(placement, k)] = _timed_run(replace(recipe, placement=_placement(recipe, placement)), rl_cfg,
+                                                  store, model_ref, ds_ref)
+            rounds.append(rows)
+    return {"rl": replace(recipe.rl, steps=steps), "rounds": rounds, "settings": settings}
+
+
+def print_real(res: dict) -> None:
+    rl, rounds, settings = res["rl"], res["rounds"], res["settings"]
+    print(f"\n## async on a real model: small_instruct_cpu, SmolLM2-135M-Instruct -> GRPO, {rl.steps} steps x "
+          f"{rl.prompts_per_step} prompts x {rl.samples_per_prompt} samples, up to {rl.max_new_tokens} new tokens; "
+          f"{len(rounds)} rounds in turn")
+    print("| placement | rl.max_staleness | generated tok/s (median over rounds) | x sync, same placement (per round) | "
+          "x recipe sync (per round) | median step s | idle update | idle rollout |")
+    print("|---|---|---|---|---|---|---|---|")
+    for placement, k in settings:
+        runs = [r[(placement, k)] for r in rounds]
+        same = [r[(placement, k)]["tok_s"] / r[(placement, 0)]["tok_s"] for r in rounds if (placement, 0) in r]
+        base = [r[(placement, k)]["tok_s"] / r[("recipe", 0)]["tok_s"] for r in rounds if ("recipe", 0) in r]
+        print(f"| {placement} | {k} | {statistics.median(r['tok_s'] for r in runs):.0f} | "
+              + (" / ".join(f"x{x:.2f}" for x in same) or "-") + " | "
+              + (" / ".join(f"x{x:.2f}" for x in base) or "-")
+              + f" | {statistics.median(r['median_step_s'] for r in runs):.2f} | "
+              f"{statistics.fmean(r['idle_update'] for r in runs):.2f} | "
+              f"{statistics.fmean(r['idle_rollout'] for r in runs):.2f} |")
 
 
 def print_section(res: dict) -> None:
