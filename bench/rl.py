@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-pairs", type=int, default=1, help="lora section: full/LoRA pairs, in turn")
     ap.add_argument("--async-steps", type=int, default=0, help="async section: RL steps (0: the recipe's own, 100)")
     ap.add_argument("--async-reps", type=int, default=2, help="async section: rounds of every setting, in turn")
-    ap.add_argument("--async-real-steps", type=int, default=8,
+    ap.add_argument("--async-real-steps", type=int, default=4,
                     help="async section: RL steps per run on SmolLM2-135M-Instruct (0: leave the real model out)")
     ap.add_argument("--async-real-reps", type=int, default=1, help="async section: rounds on SmolLM2, in turn")
     args = ap.parse_args(argv)
