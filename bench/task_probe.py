@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import MODEL, NUMBER, TASK, install_reasoning_gym
+from real_model import MODEL
+from rg_task import NUMBER, TASK, install_reasoning_gym
 
 CANDIDATES = [
     TASK,
