@@ -140,7 +140,7 @@ def test_the_word_reward_reads_the_last_word_and_reasoning_gyms_scorer_scores_it
     completions = [answer,                                              # the bare answer
                    f"The word '{word}' spelled backward is '{answer.upper()}'.",  # in a sentence, upper case
                    f"{word} -> {answer}",                               # as the prompt's example writes it
-                   f"{answer} is {word} backward",                      # the answer, then other words: last is word
+                   f"{answer} is {word} backward",                      # the answer, then more: read "backward"
                    answer[:3] + "".join("x" if c != "x" else "q" for c in answer[3:]),  # 3 of 5 letters right
                    "?!"]                                                # no word at all
     (tmp_path / "rewards").mkdir()
