@@ -65,7 +65,7 @@ def test_an_earlier_seed_of_the_same_command_joins_the_table(real_model, tmp_pat
                              json.loads(TRAIN_TASK), (earlier,))
     lines = block.splitlines()
     assert lines[2].startswith("| 0 | 0.250 | 0.375 | +0.125 |") and lines[3].startswith("| 1 | 0.250 | 0.500 |")
-    assert "greedy change mean +0.188 (min +0.125)" in block
+    assert "Greedy change mean +0.188 (min +0.125)" in block
     assert f"Seed 0 from an earlier run of the same command (its output: `{log}`; 2026-11-27" in block
     # the command shown is the one to paste: shell-quoted, without where this run kept its files or read rows from
     assert f"--train-task '{TRAIN_TASK}'" in block
