@@ -1,36 +1,50 @@
 """A real model made better? RL with LoRA on SmolLM2-135M-Instruct, on a task built from a third-party package.
 
     make real-model
-    .venv/bin/python bench/real_model.py                    # seeds 0 1, recipe small_instruct_lora_cpu
+    .venv/bin/python bench/real_model.py                    # seeds 0 1, recipe small_instruct_lora_cpu, arithmetic
     .venv/bin/python bench/real_model.py --seeds 0 --reward raw --split held_out_first
+    .venv/bin/python bench/real_model.py --family spelling  # reasoning-gym spell_backward, reward `word`
+    .venv/bin/python bench/real_model.py --validation-n 256 --eval 256 --train 2000   # the split sizes (defaults)
     .venv/bin/python bench/real_model.py --write-readme     # also rewrite the real_model block (docs/rl.md)
     .venv/bin/python bench/real_model.py --task '{"name": "basic_arithmetic", "max_terms": 2, "max_digits": 2}'
     .venv/bin/python bench/real_model.py --seeds 1 ... --rows-from seed0.log --write-readme  # a seed per run, one table
 
-What it does, as a user would with their own model, data and scorer:
+What it does, as a user would with their own model, data and scorer (the task's pieces live in bench/rg_task.py):
 1. installs reasoning-gym (PyPI, pinned) with `pip install --target` into `<cache>/reasoning-gym/<version>`,
    never into `.venv`;
-2. builds the task with it: `chain_sum` problems (`State the final answer to the following arithmetic problem:
-   6 + 0 - 1 =`), 2 or 3 one-digit terms, a train file and a held-out file of distinct questions (none of them
-   in train; `--split`), each row with reasoning-gym's own `metadata`; `--task` names another reasoning-gym
-   dataset and its config (bench/task_probe.py says what the model can already do on one); `--train-task` takes
-   the train questions from another config (with `--split held_out_first`: the held-out set stays `--task`'s own
-   mix, and no train question is held out);
-3. writes the reward (`rg_reward:score`, `--reward`): reasoning-gym's own scorer for the row
-   (`get_score_answer_fn(metadata["source_dataset"])`), given the completion's last number (`number`, the
-   default) or the completion as it is (`raw`: 1.0 only for exactly the answer, `len(answer) / len(completion)`
-   for an answer inside other words - "The answer is 8." scores 0.06; `shaped`: half of each, so only the bare
-   answer scores 1.0 and a right number inside a sentence about half); evaluation counts a score >= 1.0 as
-   correct;
+2. builds the task with it, in three splits with no question in two of them: train (`--train` generated rows),
+   validation (`--validation-n`, default 256) and test (`--eval`, default 256). Sweeps and recipe choices read the
+   validation split only (bench/real_model_sweep.py); every figure this script reports is on the test split, and
+   its table says so. `--split train_first`: validation then test are the first distinct later questions not in
+   train; `held_out_first`: validation then test are the task's own mix and train is the rest. Validation comes
+   first, so it holds the held-out set of the runs before the three splits (their choices saw it) and the test
+   questions are new. The task is the family's (`--family`): `arithmetic` (default) is `chain_sum` problems (`State
+   the final answer to the following arithmetic problem: 6 + 0 - 1 =`), 2 or 3 one-digit terms; `spelling` is
+   `spell_backward` (`Spell this word backward (example: sun -> nus): ward`, answer `draw`), words of 3-5 letters,
+   a task of another kind with a short answer reasoning-gym's scorer checks (the recipe is not tuned to it). Each
+   row keeps reasoning-gym's own `metadata`; `--task` names another reasoning-gym dataset and its config
+   (bench/task_probe.py says what the model can already do on one); `--train-task` takes the train questions from
+   another config (with `--split held_out_first`: validation and test stay `--task`'s own mix, and no train
+   question is in either);
+3. writes the reward (`rg_reward:score`, `--reward`, default the family's first): reasoning-gym's own scorer for
+   the row (`get_score_answer_fn(metadata["source_dataset"])`), given the completion's last number (`number`,
+   arithmetic's), its last word (`word`, spelling's: a run of letters and digits, so "is 'draw'." reads draw;
+   spell_backward's scorer ignores case and gives a right prefix partial credit) or the completion as it is
+   (`raw`: 1.0 only for exactly the answer, `len(answer) / len(completion)` for an answer inside other words -
+   "The answer is 8." scores 0.06; `shaped`: half of number and raw, so only the bare answer scores 1.0 and a right
+   number inside a sentence about half); a reward that cannot read the family's answers is refused; evaluation
+   counts a score >= 1.0 as correct;
 4. runs `pyflyte run workflows/pipeline.py pipeline` from the SmolLM2 folder with `sft.enabled: false` (RL
-   straight from the folder), one seed at a time, each in a fresh store, and reads the held-out greedy
-   accuracy of the folder and of the RL model from the run's summary;
-5. reads both evaluations' greedy completions back from the store and counts how often the completion's last
-   number is the answer ("arithmetic right", whatever the wording), so a gain in the scorer's accuracy can be
-   told apart into saying the answer as asked and getting it right.
+   straight from the folder), one seed at a time, each in a fresh store, evaluating on the test split, and reads
+   the test greedy accuracy of the folder and of the RL model from the run's summary;
+5. reads both evaluations' greedy completions back from the store and counts how often the completion's answer,
+   read as the family's reward reads it, is the answer ("arithmetic right": the last number; "word right": the
+   last word, case ignored), whatever the wording, so a gain in the scorer's accuracy can be told apart into
+   saying the answer as asked and getting it right.
 
-Measured (2026-11-26, bench/results/real-model-2026-11-26.txt): at first NOT made better. Seed 0 with the defaults
-(30 steps of 8 prompts x 8 samples, LoRA rank 16 at lr 3e-4, the policy rank generating): held-out greedy
+Measured before the three splits (their held-out set is what the validation split now holds; figures on the test
+split are to be re-made). 2026-11-26 (bench/results/real-model-2026-11-26.txt): at first NOT made better. Seed 0 with
+the defaults (30 steps of 8 prompts x 8 samples, LoRA rank 16 at lr 3e-4, the policy rank generating): held-out greedy
 0.129 -> 0.137 on 256 problems (+0.008) in 26.4 min. `--reward raw --split held_out_first` (20 steps): greedy
 0.000 before; the mean reward stayed at 0.002-0.008 for 7 steps (the model answers "The answer is 5." and a
 bare number is rare enough that the partial credit barely moves it), stopped there. 2 terms of 1-2 digits:
@@ -62,138 +76,33 @@ import re
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from default_seeds import _commit, run_pipeline, write_block
+from rg_task import CACHE, FAMILIES, REWARDS, RG_VERSION, Family, Sizes, build_task, install_reasoning_gym
 
-RG_VERSION = "0.1.25"
-CACHE = Path(os.environ.get("POSTTRAIN_MODELS", Path.home() / ".cache/posttrain/models")).parent
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
-TASK = {"name": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
 BEGIN, END = "<!-- real_model:begin -->", "<!-- real_model:end -->"
-
-REWARDS = {
-    "number": '''"""Reward for reasoning-gym rows: the completion's last number, scored by reasoning-gym's own scorer."""
-import re
-
-from reasoning_gym import get_score_answer_fn
-
-NUMBER = re.compile(r"-?\\d+(?:\\.\\d+)?")
+ON_TEST = "every figure is on the test split"
+"""Written into the table's text; `--rows-from` refuses the output of a run whose table does not say it."""
 
 
-def score(completion, answer, metadata):
-    found = NUMBER.findall(completion.replace(",", ""))
-    return get_score_answer_fn(metadata["source_dataset"])(found[-1] if found else None,
-                                                          {"answer": answer, "metadata": metadata})
-''',
-    "shaped": '''"""Reward for reasoning-gym rows, reasoning-gym's own scorer twice: half for the completion's last number, half
-for the completion as it is (1.0 only for exactly the answer). 1.0 - what evaluation counts as correct - is only the
-answer and nothing else; a right number inside a sentence gets about half."""
-import re
-
-from reasoning_gym import get_score_answer_fn
-
-NUMBER = re.compile(r"-?\\d+(?:\\.\\d+)?")
-
-
-def score(completion, answer, metadata):
-    fn, entry = get_score_answer_fn(metadata["source_dataset"]), {"answer": answer, "metadata": metadata}
-    found = NUMBER.findall(completion.replace(",", ""))
-    return 0.5 * fn(found[-1] if found else None, entry) + 0.5 * fn(completion.strip(), entry)
-''',
-    "raw": '''"""Reward for reasoning-gym rows: reasoning-gym's own scorer for the row's dataset, on the completion as it is
-(1.0 for exactly the answer; an answer inside other words gets len(answer) / len(completion))."""
-from reasoning_gym import get_score_answer_fn
-
-
-def score(completion, answer, metadata):
-    return get_score_answer_fn(metadata["source_dataset"])(completion, {"answer": answer, "metadata": metadata})
-''',
-}
-"""The reward module written for the run (`--reward`): `rg_reward:score`."""
-
-BUILD = '''import json, sys, reasoning_gym as rg
-task, train_n, eval_n, split, out = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-train_task = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
-name = task.pop("name")
-rows = list(rg.create_dataset(name, size=train_n + 4 * eval_n, seed=1, **task))  # item i is seeded by seed + i
-if split == "train_first":  # held out: later questions not in train (a small problem space ends up mostly in train)
-    train = rows[:train_n]
-    seen = {r["question"] for r in train}
-    held = list({r["question"]: r for r in rows[train_n:] if r["question"] not in seen}.values())[:eval_n]
-else:  # held_out_first: the task's own mix of problems, and train without them
-    held = list({r["question"]: r for r in rows[:4 * eval_n]}.values())[:eval_n]
-    seen = {r["question"] for r in held}
-    if train_task is None:
-        train = [r for r in rows[4 * eval_n:] if r["question"] not in seen]
-    else:  # train questions from another config (or dataset), none of them held out
-        train_name = train_task.pop("name")
-        train = [r for r in rg.create_dataset(train_name, size=train_n, seed=2, **train_task)
-                 if r["question"] not in seen]
-if len(held) < eval_n:
-    sys.exit(f"only {len(held)} distinct held-out questions not in train; need {eval_n}")
-if not train:
-    sys.exit("no train question is left once the held-out ones are dropped")
-for fname, part in (("train.jsonl", train), ("test.jsonl", held)):
-    with open(f"{out}/{fname}", "w") as f:
-        for r in part:
-            f.write(json.dumps({"question": r["question"], "answer": r["answer"], "metadata": r["metadata"]}) + "\\n")
-print(len(train), len(held), len({r["question"] for r in train}))
-'''
-
-
-def install_reasoning_gym() -> Path:
-    """reasoning-gym==RG_VERSION in its own folder (atomic: a half-done install is never used)."""
-    root = CACHE / "reasoning-gym" / RG_VERSION
-    if not (root / "reasoning_gym").is_dir():
-        tmp = root.with_name(f".tmp-{RG_VERSION}-{os.getpid()}")
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                        "--no-input", "--target", str(tmp), f"reasoning-gym=={RG_VERSION}"], check=True, timeout=900)
-        os.replace(tmp, root)
-    return root
-
-
-def build_task(folder: Path, deps: Path, train_n: int, eval_n: int, reward: str, split: str,
-               task: dict | None = None, train_task: dict | None = None) -> dict:
-    """train.jsonl, test.jsonl and rewards/rg_reward.py in `folder` for reasoning-gym dataset `task` ({"name": ...,
-    its config fields}; default TASK); with `train_task` (split held_out_first only) the train questions come from
-    that config instead, none of them held out. Returns the data and reward overrides."""
-    if train_task is not None and split != "held_out_first":
-        raise SystemExit("--train-task needs --split held_out_first: the held-out set is the task's own mix")
-    (folder / "rewards").mkdir(parents=True, exist_ok=True)
-    (folder / "rewards" / "rg_reward.py").write_text(REWARDS[reward])
-    subprocess.run([sys.executable, "-c", BUILD, json.dumps(task or TASK), str(train_n), str(eval_n), split,
-                    str(folder), *([json.dumps(train_task)] if train_task is not None else [])],
-                   check=True, env={**os.environ, "PYTHONPATH": str(deps)})
-    return {"data": {"task": "", "files": [str(folder / "train.jsonl")], "eval_files": [str(folder / "test.jsonl")],
-                     "eval_size": 0, "schema": "prompt_answer", "prompt_field": "question"},
-            "reward": {"fn": "rg_reward:score", "python_path": [str(folder / "rewards"), str(deps)]},
-            "eval": {"num_problems": eval_n}}
-
-
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def arithmetic_right(home: Path) -> dict[str, float]:
-    """{"folder" | "rl": share of held-out problems whose greedy completion's last number equals the answer},
-    from the eval artifacts' report.json (every problem's greedy completion is stored there)."""
+def answers_right(home: Path, family: Family) -> dict[str, float]:
+    """{"folder" | "rl": share of test problems whose greedy completion's answer, read as the family's reward reads
+    it (arithmetic: the last number), is the answer}, from the eval artifacts' report.json (every problem's greedy
+    completion is stored there)."""
     out = {}
     for path in sorted((home / "objects").glob("*/manifest.json")):
         m = json.loads(path.read_text())
         if m["kind"] != "eval":
             continue
         problems = json.loads((path.parent / "files" / "report.json").read_text())["problems"]
-        right = 0
-        for p in problems:
-            found = NUMBER.findall(p["greedy"].replace(",", ""))
-            right += bool(found) and Decimal(found[-1]) == Decimal(p["answer"])
+        right = sum(family.same(family.extract(p["greedy"]), p["answer"]) for p in problems)
         out["folder" if m["name"].startswith("eval-base") else "rl"] = right / len(problems)
     if set(out) != {"folder", "rl"}:
         raise SystemExit(f"{home}: expected the folder's and the RL model's evaluations, found {sorted(out)}")
@@ -222,21 +131,23 @@ def overrides(task: dict, extra: dict) -> dict:
     return over
 
 
-def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], eval_n: int, train_n: int,
-          spec: dict, train_spec: dict | None = None, earlier: tuple[Earlier, ...] = ()) -> str:
-    """The docs block: one row per seed (sampled accuracy only when the recipe's eval.k > 0), the change, and
-    how to reproduce it; the seeds of `earlier` runs (`--rows-from`) first, each named with its own command."""
+def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], sizes: Sizes, spec: dict,
+          train_spec: dict | None = None, earlier: tuple[Earlier, ...] = (), family: str = "arithmetic") -> str:
+    """The docs block: one row per seed on the test split (sampled accuracy only when the recipe's eval.k > 0), the
+    change, and how to reproduce it; the seeds of `earlier` runs (`--rows-from`) first, each named with its own
+    command."""
+    fam = FAMILIES[family]
     rows = [r for run in earlier for r in run.rows] + rows
     sampled = all(r.get("sft_sampled_accuracy", -1.0) >= 0 for r in rows)
     head = (["seed", "folder greedy", "RL greedy", "change greedy"] + (["folder sampled", "RL sampled"] if sampled else [])
-            + ["folder arithmetic right", "RL arithmetic right"])
+            + [f"folder {fam.right}", f"RL {fam.right}"])
     lines = ["| " + " | ".join(head + ["wall"]) + " |", "|" + "---|" * (len(head) + 1)]
     for r in rows:
         cells = [str(r["seed"]), f"{r['sft_greedy_accuracy']:.3f}", f"{r['rl_greedy_accuracy']:.3f}",
                  f"{r['d_greedy']:+.3f}"]
         if sampled:
             cells += [f"{r['sft_sampled_accuracy']:.3f}", f"{r['rl_sampled_accuracy']:.3f}"]
-        cells += [f"{r['folder_arithmetic']:.3f}", f"{r['rl_arithmetic']:.3f}"]
+        cells += [f"{r['folder_right']:.3f}", f"{r['rl_right']:.3f}"]
         lines.append("| " + " | ".join(cells + [f"{r['wall_s'] / 60:.1f} min"]) + " |")
     g = [r["d_greedy"] for r in rows]
     command = shlex.join(["bench/real_model.py", *_drop(argv, {"--write-readme"}, {"--rows-from", "--keep"})])
@@ -245,13 +156,15 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], e
     task = json.dumps({k: v for k, v in spec.items() if k != "name"})
     trained_on = ("" if train_spec is None else f"; the train questions from `{train_spec['name']}` "
                   f"({json.dumps({k: v for k, v in train_spec.items() if k != 'name'})})")
-    lines += ["", (f"SmolLM2-135M-Instruct, reasoning-gym {RG_VERSION} `{spec['name']}` ({task}), {train_n} generated "
-                   f"train / {eval_n} held-out questions (none of them in train{trained_on}); greedy change mean "
-                   f"{statistics.mean(g):+.3f} (min {min(g):+.3f}). Greedy is the scorer's accuracy (exactly the "
-                   "answer); \"arithmetic right\" counts greedy completions whose last number is the answer, however "
-                   "worded. Wall is the whole `pyflyte run` in a fresh store: both evaluations and every RL step. "
-                   f"Command: `.venv/bin/python {command}` ({time.strftime('%Y-%m-%d')}, commit {_commit()}; load "
-                   f"average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end).{before}")]
+    lines += ["", (f"SmolLM2-135M-Instruct, reasoning-gym {RG_VERSION} `{spec['name']}` ({task}; family {family}), "
+                   f"{sizes.train} generated train / {sizes.validation} validation / {sizes.test} test questions (no "
+                   f"question in two splits{trained_on}); {ON_TEST}, which no sweep or recipe choice reads "
+                   f"(bench/real_model_sweep.py scores on the validation split). Greedy change mean "
+                   f"{statistics.mean(g):+.3f} (min {min(g):+.3f}). Greedy is the scorer's accuracy (a score of 1.0); "
+                   f"\"{fam.right}\" counts {fam.rule}, however worded. Wall is the whole `pyflyte run` in a fresh "
+                   f"store: both evaluations and every RL step. Command: `.venv/bin/python {command}` "
+                   f"({time.strftime('%Y-%m-%d')}, commit {_commit()}; load average {load[0]:.2f} {load[1]:.2f} "
+                   f"{load[2]:.2f} at the end).{before}")]
     return "\n".join(lines)
 
 
@@ -277,13 +190,16 @@ def _drop(argv: list[str], flags: set[str], with_values: set[str]) -> list[str]:
 
 
 def read_earlier(log: Path, argv: list[str]) -> Earlier:
-    """The per-seed rows an earlier run printed, refused unless its command is this one's but for the seeds and
-    where it kept its files (the table would mix two recipes)."""
+    """The per-seed rows an earlier run printed, refused unless its figures are on the test split and its command is
+    this one's but for the seeds and where it kept its files (the table would mix two recipes or two splits)."""
     text = log.read_text()
     rows = [json.loads(line) for line in text.splitlines() if line.startswith('{"seed": ')]
     found = re.findall(r"Command: `\.venv/bin/python bench/real_model\.py (.*?)` \((.*?)\)\.", text, re.DOTALL)
     if not rows or len(found) != 1:
         raise SystemExit(f"--rows-from {log}: expected this script's output (its JSON rows and one Command line)")
+    if ON_TEST not in text.replace("\n", " "):
+        raise SystemExit(f"--rows-from {log}: its table does not say {ON_TEST!r} (a run from before the train / "
+                         "validation / test splits: its held-out set is now the validation split)")
     # compared as words: an older run printed its command unquoted, a newer one shell-quoted (JSON has no ')
     theirs = found[0][0].replace("\n", " ").replace("'", "").split(" --")
     mine = " ".join(_drop(argv, {"--write-readme"}, {"--rows-from"})).split(" --")
@@ -305,58 +221,80 @@ def task_spec(option: str, text: str) -> dict:
     return spec
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--recipe", default="small_instruct_lora_cpu")
     ap.add_argument("--overrides", default="{}", help="JSON merged into every seed's overrides")
-    ap.add_argument("--task", default=json.dumps(TASK),
-                    help='reasoning-gym dataset as JSON: {"name": ..., its config fields} (size and seed are set here)')
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="arithmetic",
+                    help="arithmetic: chain_sum, the last number scored; spelling: spell_backward, the last word "
+                    "scored (the default --task and --reward, and what the table's 'right' column reads)")
+    ap.add_argument("--task", default=None, help='reasoning-gym dataset as JSON: {"name": ..., its config fields} '
+                    "(size and seed are set here; default: the family's)")
     ap.add_argument("--train-task", default=None,
                     help="reasoning-gym dataset as JSON for the train questions only (--split held_out_first): "
-                    "the held-out set stays --task's own mix, and no train question is held out")
+                    "validation and test stay --task's own mix, and no train question is in either")
     ap.add_argument("--train", type=int, default=2000, help="generated train questions (held-out ones dropped)")
-    ap.add_argument("--eval", type=int, default=256, help="held-out questions")
-    ap.add_argument("--reward", choices=sorted(REWARDS), default="number",
-                    help="number: the completion's last number, scored; raw: the completion as it is, scored")
+    ap.add_argument("--validation-n", type=int, default=256,
+                    help="validation questions: what bench/real_model_sweep.py scores on; never reported here")
+    ap.add_argument("--eval", type=int, default=256, help="test questions: every figure this script reports")
+    ap.add_argument("--reward", choices=sorted(REWARDS), default=None,
+                    help="number: the completion's last number, scored; word: its last word, scored; shaped: half "
+                    "each of number and raw; raw: the completion as it is, scored (default: the family's first)")
     ap.add_argument("--split", choices=("train_first", "held_out_first"), default="train_first",
-                    help="train_first: held-out questions are later ones not in train; held_out_first: the "
-                    "held-out set is the task's own mix, train is the rest")
+                    help="train_first: validation and test questions are later ones not in train; held_out_first: "
+                    "validation and test are the task's own mix, train is the rest")
     ap.add_argument("--keep", type=Path, default=None,
                     help="copy each seed's steps.jsonl and evaluation reports into KEEP/seed<N>/")
     ap.add_argument("--rows-from", type=Path, nargs="+", default=[],
                     help="the saved output of earlier runs of the same command with other seeds: their rows go "
                     "into this run's table (a seed per run within an hour each, one README figure)")
     ap.add_argument("--write-readme", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def family_reward(family: str, reward: str | None) -> str:
+    """The reward of the run: `--reward`, or the family's own; refused when it cannot read the family's answers."""
+    fits = FAMILIES[family].rewards
+    if reward is None:
+        return fits[0]
+    if reward not in fits:
+        raise SystemExit(f"--reward {reward} does not read family {family}'s answers; it takes {' or '.join(fits)}")
+    return reward
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     argv = argv if argv is not None else sys.argv[1:]
     earlier = tuple(read_earlier(log, argv) for log in args.rows_from)
     seen = [r["seed"] for run in earlier for r in run.rows] + args.seeds
     if len(set(seen)) != len(seen):
         raise SystemExit(f"--rows-from: a seed measured twice ({seen})")
-    spec = task_spec("--task", args.task)
+    fam, reward = FAMILIES[args.family], family_reward(args.family, args.reward)
+    spec = task_spec("--task", args.task) if args.task is not None else dict(fam.task)
     train_spec = None if args.train_task is None else task_spec("--train-task", args.train_task)
     if train_spec is not None and args.split != "held_out_first":
-        raise SystemExit("--train-task needs --split held_out_first: the held-out set is --task's own mix")
+        raise SystemExit("--train-task needs --split held_out_first: validation and test are --task's own mix")
+    sizes = Sizes(args.train, args.validation_n, args.eval)
     if not (MODEL / "model.safetensors").is_file():
         raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")
     deps = install_reasoning_gym()
     rows = []
     with tempfile.TemporaryDirectory(prefix="posttrain-real-") as tmp:
-        task = build_task(Path(tmp) / "task", deps, args.train, args.eval, args.reward, args.split, spec, train_spec)
+        task = build_task(Path(tmp) / "task", deps, sizes, reward, args.split, spec, train_spec, evaluate="test")
         for s in args.seeds:
             home = Path(tmp) / f"home{s}"
             row, out = run_pipeline(s, args.recipe, overrides(task, json.loads(args.overrides)), home)
             print("\n".join(line for line in out.splitlines() if line.startswith(("rl step", "eval "))))
             row["d_greedy"] = row["rl_greedy_accuracy"] - row["sft_greedy_accuracy"]
-            right = arithmetic_right(home)
-            row["folder_arithmetic"], row["rl_arithmetic"] = right["folder"], right["rl"]
+            right = answers_right(home, fam)
+            row["folder_right"], row["rl_right"] = right["folder"], right["rl"]
             if args.keep is not None:
                 keep_run(home, args.keep / f"seed{s}")
             rows.append(row)
             print(json.dumps(row), flush=True)
     load = os.getloadavg()
-    block = table(rows, argv, load, args.eval, args.train, spec, train_spec, earlier)
+    block = table(rows, argv, load, sizes, spec, train_spec, earlier, args.family)
     print(block)
     if args.write_readme:
         print(f"wrote the table into {write_block(block, BEGIN, END)}")

@@ -1,28 +1,40 @@
-"""RL settings for a real model, tried fast: each config in its own process (no Ray, no Flyte), the held-out
-greedy accuracy every few steps - to find a recipe in minutes (on a lent GPU) before bench/real_model.py judges it
-through the pipeline on this machine.
+"""RL settings for a real model, tried fast: each config in its own process (no Ray, no Flyte), the greedy accuracy
+on the validation split every few steps - to find a recipe in minutes (on a lent GPU) before bench/real_model.py
+judges it on the test split through the pipeline on this machine.
 
     .venv/bin/python bench/real_model_sweep.py --out /tmp/sweep --prepare-only          # task + dataset, here
     .venv/bin/python bench/real_model_sweep.py --out /tmp/sweep --steps 60 --parallel 4 \\
         --configs '[{"name": "lr1e-4", "rl": {"lr": 1e-4}}, {"name": "T0.7", "rl": {"temperature": 0.7}}]'
+    .venv/bin/python bench/real_model_sweep.py --out /tmp/sweep-spelling --family spelling --split train_first
+    ... --validation-n 256 --test-n 256 --train 2000   # the split sizes (defaults): bench/real_model.py's
     ... --gguf FILE --tools DIR      # where no model folder exists: de-quantise the GGUF as `make real-model` does
 
 What it runs is the pipeline's RL in-process, as tests/gpu does: the real PolicyWorker (LoRA, generating its own
 rollouts) and RewardWorker driven by the real Controller, from the recipe (`--recipe`, default
 small_instruct_lora_cpu) with each config's overrides (`rl.*`, `model.lora`, ...). Data: bench/real_model.py's task
-(reasoning-gym chain_sum, `--split held_out_first`), prepared by posttrain.data.prepare. The reward is reward
-`number`'s rule in plain Python - the completion's last number equals the answer as a decimal, which is what
-reasoning-gym's chain_sum scorer computes for it (`compute_decimal_reward`) - so it runs where reasoning-gym is not
-installed (the GPU machine). Evaluation: greedy on the first --eval-n held-out problems with the policy's own
-model (adapters applied), the recipe's eval.max_new_tokens; correct when the reward is 1.0.
+(bench/rg_task.py: `--family`, `--task`, `--train-task`, `--split` - held_out_first by default here - and the split
+sizes), in three splits with no question in two; OUT/ds is prepared by posttrain.data.prepare with the validation
+split as its evaluation set. Every config is scored on the validation split only: the test split (`--test-n`
+questions) is built so that train and validation leave it out and is never read, so pass bench/real_model.py's
+split options to score on its validation split and keep its test split unseen. Refused before anything runs: an
+OUT/ds this sweep did not prepare on the validation split (made before the three splits or by another script:
+`--out`), or prepared with other data options; `--eval-n` beyond `--validation-n`; a config that sets `data`.
+The reward is the family's rule in plain Python, so it runs where reasoning-gym is not installed (the GPU
+machine): arithmetic, reward `number`'s - the completion's last number equals the answer as a decimal, which is
+what reasoning-gym's chain_sum scorer computes for it (`compute_decimal_reward`); spelling, reward `word`'s 1.0 -
+the completion's last word is the answer, case ignored (reasoning-gym's spell_backward scorer would also give a
+right prefix partial credit; this gives it 0). Evaluation: greedy on the first --eval-n validation problems (all of
+them by default) with the policy's own model (adapters applied), the recipe's eval.max_new_tokens; correct when the
+reward is 1.0.
 
-Prints one JSON line per evaluation: config name, step, held-out greedy accuracy, and the mean train accuracy,
+Prints one JSON line per evaluation: config name, step, validation greedy accuracy, and the mean train accuracy,
 entropy and response length over the steps since the last evaluation (each config's log in OUT/logs also has every
 step). Not a substitute for bench/real_model.py: no Flyte, no merged-model evaluation, and a GPU's float rounding is
-not this CPU's. Its step-0 accuracy is the pipeline's: 0.227 on the 256 held-out problems, as the pipeline's
-evaluation of the folder.
+not this CPU's. Its step-0 accuracy is the pipeline's: 0.227 on the 256 validation problems of the arithmetic
+family, as the pipeline's evaluation of the folder on its held-out set before the three splits (the same problems).
 
-Measured (2026-11-26, bench/results/real-model-sweep-gpu-2026-11-26.txt): on the lent H200 the GGUF was brought in
+Measured before the three splits, on what is now the validation split (2026-11-26,
+bench/results/real-model-sweep-gpu-2026-11-26.txt): on the lent H200 the GGUF was brought in
 two calls (FACTS' recipe for large files) and de-quantised there to the same weights (fingerprint equal). 16 configs
 at once (--parallel 16 --threads 1) ran ~22 s per step each - processes time-share one GPU, so run a few at a time -
 and the call's limit stopped them at step 10: held-out greedy 0.227 -> 0.219..0.297 (mean 0.254), no config clearly
@@ -35,24 +47,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+sys.path.insert(0, str(HERE))
+from rg_task import FAMILIES, Sizes, last_number, last_word, same_number, same_word
 
 
 def number_score(completion: str, answer: str, metadata: dict) -> float:
     """1.0 when the completion's last number equals the answer as a decimal (reward `number` for chain_sum)."""
-    found = NUMBER.findall(completion.replace(",", ""))
-    try:
-        return float(bool(found) and Decimal(found[-1]) == Decimal(str(answer).replace(",", "")))
-    except InvalidOperation:
-        return 0.0
+    return float(same_number(last_number(completion), answer))
+
+
+def word_score(completion: str, answer: str, metadata: dict) -> float:
+    """1.0 when the completion's last word is the answer, case ignored (reward `word`'s 1.0 for spell_backward;
+    reasoning-gym's scorer would also give a right prefix partial credit, this gives it 0)."""
+    return float(same_word(last_word(completion), answer))
+
+
+SCORES = {"arithmetic": number_score, "spelling": word_score}
+"""The sweep's reward and evaluation per `--family`, in plain Python (no reasoning-gym where it runs)."""
 
 
 def fingerprint(model_dir: Path) -> str:
@@ -66,22 +83,48 @@ def fingerprint(model_dir: Path) -> str:
     return h.hexdigest()
 
 
-def prepare(out: Path, recipe: str, model_dir: Path, task: dict | None = None) -> Path:
-    """out/task (train/test jsonl, via bench/real_model.py and reasoning-gym) and out/ds (the prepared dataset)."""
-    ds = out / "ds"
-    if (ds / "train.jsonl").exists():
-        return ds
-    sys.path.insert(0, str(HERE))
+def options(args) -> dict:
+    """What the sweep's data is made from: recorded in OUT/prepared.json, and compared when OUT is used again."""
+    task, train_task = (json.loads(t) if t is not None else None for t in (args.task, args.train_task))
+    return {"family": args.family, "task": task, "train_task": train_task, "split": args.split,
+            "train": args.train, "validation_n": args.validation_n, "test_n": args.test_n, "evaluated": "validation"}
+
+
+FLAGS = {"family": "--family", "task": "--task", "train_task": "--train-task", "split": "--split", "train": "--train",
+         "validation_n": "--validation-n", "test_n": "--test-n", "evaluated": "--out"}
+
+
+def check_prepared(out: Path, wanted: dict) -> None:
+    """Refuse an OUT/ds that was not prepared by this sweep with these options: one made before the three splits, or
+    by bench/real_model.py, may hold the test split as its evaluation set, and a sweep must never select on it."""
+    record = out / "prepared.json"
+    if not record.is_file():
+        raise SystemExit(f"--out {out}: {out / 'ds'} was not prepared on the validation split by this sweep (no "
+                         f"{record}; made before the train / validation / test splits?): use a new --out")
+    got = json.loads(record.read_text())
+    differ = [FLAGS[k] for k in wanted if got.get(k) != wanted[k]]
+    if differ:
+        raise SystemExit(f"--out {out}: its dataset was prepared with other {', '.join(differ)} ({json.dumps(got)}): "
+                         "use a new --out or the same options")
+
+
+def prepare(out: Path, recipe: str, model_dir: Path, wanted: dict) -> Path:
+    """out/task (train / validation / test jsonl, via bench/rg_task.py and reasoning-gym) and out/ds (the prepared
+    dataset, its evaluation set the validation split), recorded in out/prepared.json."""
     import real_model
+    from rg_task import build_task, install_reasoning_gym
 
     from posttrain.data.prepare import prepare_dataset
     from posttrain.recipes import resolve
 
-    task = real_model.build_task(out / "task", real_model.install_reasoning_gym(), 2000, 256, "number",
-                                 "held_out_first", task)
+    family = FAMILIES[wanted["family"]]
+    sizes = Sizes(wanted["train"], wanted["validation_n"], wanted["test_n"])
+    task = build_task(out / "task", install_reasoning_gym(), sizes, family.rewards[0], wanted["split"],
+                      wanted["task"] or dict(family.task), wanted["train_task"], evaluate="validation")
     cfg = resolve(recipe, real_model.overrides(task, {"model": {"base_path": str(model_dir)}}))
-    prepare_dataset(cfg.data, ds, require_completions=False)
-    return ds
+    prepare_dataset(cfg.data, out / "ds", require_completions=False)
+    (out / "prepared.json").write_text(json.dumps(wanted))
+    return out / "ds"
 
 
 def _controller(spec: dict, args):
@@ -107,7 +150,7 @@ def _controller(spec: dict, args):
 
     over = {k: v for k, v in spec.items() if k != "name"}
     over["model"] = {**over.get("model", {}), "base_path": str(args.model)}
-    over["reward"] = {"fn": "real_model_sweep:number_score", "python_path": [str(HERE)]}
+    over["reward"] = {"fn": f"real_model_sweep:{SCORES[args.family].__name__}", "python_path": [str(HERE)]}
     over["rl"] = {**over.get("rl", {}), "steps": args.steps, "checkpoint_every": 0}
     cfg = resolve(args.recipe, over)
     rl, md = cfg.rl, str(args.model)
@@ -129,8 +172,8 @@ def _controller(spec: dict, args):
     return cfg, policy, ctrl
 
 
-def _held_out(policy, args, max_new_tokens: int):
-    """accuracy() -> the policy model's held-out greedy accuracy on the first --eval-n problems (prompts encoded
+def _validation(policy, args, max_new_tokens: int):
+    """accuracy() -> the policy model's greedy accuracy on the first --eval-n validation problems (prompts encoded
     once)."""
     import torch
 
@@ -139,8 +182,8 @@ def _held_out(policy, args, max_new_tokens: int):
     from posttrain.models.generate import generate
 
     tok = policy.tok
-    held = read_examples(args.out / "ds", "eval")[: args.eval_n]
-    prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in held]
+    validation = read_examples(args.out / "ds", "eval")[: args.eval_n]  # OUT/ds's eval split: the validation split
+    prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in validation]
 
     def accuracy() -> float:
         policy.model.eval()
@@ -148,20 +191,22 @@ def _held_out(policy, args, max_new_tokens: int):
             gens = generate(policy.model, prompts, max_new_tokens=max_new_tokens, temperature=0.0, n=1,
                             eos_id=policy.eos_ids, pad_id=tok.pad_token_id, batch_size=256)
         policy.model.train()
-        return sum(number_score(tok.decode(g.response_ids, skip_special_tokens=True), ex["answer"], {}) >= 1.0
-                   for g, ex in zip(gens, held)) / len(held)
+        score = SCORES[args.family]
+        return sum(score(tok.decode(g.response_ids, skip_special_tokens=True), ex["answer"], {}) >= 1.0
+                   for g, ex in zip(gens, validation)) / len(validation)
     return accuracy
 
 
 def one(spec: dict, args) -> None:
     """One config's run, in this process: prints a JSON line per evaluation and a line per step."""
     cfg, policy, ctrl = _controller(spec, args)
-    accuracy = _held_out(policy, args, cfg.eval.max_new_tokens)
+    accuracy = _validation(policy, args, cfg.eval.max_new_tokens)
     t0, since = time.perf_counter(), []
     name = spec.get("name", json.dumps(spec.get("rl", {})))
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
-            print(json.dumps({"name": name, "step": step, "greedy": accuracy(), "train_acc": _mean(since, "accuracy"),
+            print(json.dumps({"name": name, "step": step, "validation_greedy": accuracy(),
+                              "train_acc": _mean(since, "accuracy"),
                               "entropy": _mean(since, "entropy"), "len": _mean(since, "response_len_mean"),
                               "s": round(time.perf_counter() - t0, 1)}), flush=True)
             since = []
@@ -176,7 +221,7 @@ def _mean(metrics: list, key: str) -> float | None:
     return round(sum(getattr(m, key) for m in metrics) / len(metrics), 4) if metrics else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="work folder: task/, ds/, model/ (made when absent)")
     ap.add_argument("--model", type=Path, default=None, help="HF folder (default: the `make real-model` folder)")
@@ -184,21 +229,62 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tools", type=Path, default=None, help="folder with the `gguf` package (for --gguf)")
     ap.add_argument("--fingerprint", default=None, help="expected fingerprint() of the model (sha256 of tensors)")
     ap.add_argument("--recipe", default="small_instruct_lora_cpu")
+    ap.add_argument("--family", choices=sorted(SCORES), default="arithmetic",
+                    help="bench/real_model.py --family: the default task and the reward (number or word)")
     ap.add_argument("--task", default=None, help="reasoning-gym dataset as JSON (bench/real_model.py --task; default "
-                    "its chain_sum); used when OUT/ds is prepared")
+                    "the family's); used when OUT/ds is prepared")
+    ap.add_argument("--train-task", default=None, help="bench/real_model.py --train-task (--split held_out_first)")
+    ap.add_argument("--split", choices=("train_first", "held_out_first"), default="held_out_first",
+                    help="bench/real_model.py --split")
+    ap.add_argument("--train", type=int, default=2000, help="generated train questions (bench/real_model.py --train)")
+    ap.add_argument("--validation-n", type=int, default=256,
+                    help="validation questions, what every config is scored on (bench/real_model.py --validation-n)")
+    ap.add_argument("--test-n", type=int, default=256, help="test questions, kept out of train and validation and "
+                    "never read here (bench/real_model.py --eval: pass the run's, so its test split is this one's)")
     ap.add_argument("--configs", default='[{"name": "recipe"}]', help="JSON list of overrides (+ optional name)")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--eval-n", type=int, default=256)
+    ap.add_argument("--eval-n", type=int, default=None,
+                    help="validation problems scored, the first ones (default: all --validation-n)")
     ap.add_argument("--parallel", type=int, default=1, help="configs run at once, each its own process")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per config process")
     ap.add_argument("--prepare-only", action="store_true")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def checked(args) -> dict:
+    """The data options, refused before anything runs where they would score a config on anything but the
+    validation split."""
+    if args.eval_n is None:
+        args.eval_n = args.validation_n
+    if not 1 <= args.eval_n <= args.validation_n:
+        raise SystemExit(f"--eval-n {args.eval_n}: configs are scored on the validation split only, "
+                         f"1..--validation-n ({args.validation_n}) problems")
+    from real_model import task_spec
+
+    for flag, text in (("--task", args.task), ("--train-task", args.train_task)):
+        if text is not None:
+            task_spec(flag, text)
+    if args.train_task is not None and args.split != "held_out_first":
+        raise SystemExit("--train-task needs --split held_out_first: validation and test are --task's own mix")
+    for config in json.loads(args.configs):
+        if "data" in config:
+            raise SystemExit(f"--configs: config {config.get('name', '')!r} sets data; the sweep's data is OUT/ds, "
+                             "its evaluation set the validation split (--family, --task, --split make it)")
+    Sizes(args.train, args.validation_n, args.test_n)
+    return options(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    wanted = checked(args)
     if args.one is not None:
         one(json.loads(args.one), args)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    if (args.out / "ds").exists():
+        check_prepared(args.out, wanted)
     if args.gguf is not None and not (args.out / "model" / "model.safetensors").exists():
         from posttrain.models.smollm2 import convert
         convert(args.tools, args.out / "model", gguf=args.gguf)
@@ -209,14 +295,21 @@ def main(argv: list[str] | None = None) -> int:
         got = fingerprint(args.model)
         print(f"fingerprint {got}: {'as expected' if got == args.fingerprint else 'NOT the expected ' + args.fingerprint}",
               flush=True)
-    if args.prepare_only or not (args.out / "ds" / "train.jsonl").exists():
-        prepare(args.out, args.recipe, args.model, json.loads(args.task) if args.task else None)
+    if not (args.out / "ds" / "train.jsonl").exists():
+        prepare(args.out, args.recipe, args.model, wanted)
         print(f"fingerprint {fingerprint(args.model)}; dataset {args.out / 'ds'}", flush=True)
-        if args.prepare_only:
-            return 0
+    if args.prepare_only:
+        return 0
+    return run_configs(args)
+
+
+def run_configs(args) -> int:
+    """Every --configs entry in its own process, --parallel at a time; each one's evaluation lines printed as it
+    ends. 1 when any failed."""
     configs, running, failed = json.loads(args.configs), [], []
     common = ["--out", str(args.out), "--model", str(args.model), "--recipe", args.recipe, "--steps", str(args.steps),
-              "--eval-every", str(args.eval_every), "--eval-n", str(args.eval_n), "--threads", str(args.threads)]
+              "--eval-every", str(args.eval_every), "--eval-n", str(args.eval_n), "--threads", str(args.threads),
+              "--family", args.family, "--validation-n", str(args.validation_n)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
     while configs or running:
         while configs and len(running) < args.parallel:  # each child writes to its own log (no pipe to fill)

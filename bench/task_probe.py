@@ -2,18 +2,22 @@
 
     make real-model
     .venv/bin/python bench/task_probe.py                          # the candidates below, 48 problems each
+    .venv/bin/python bench/task_probe.py --family spelling        # spell_backward (3-5 letters), the last word
     .venv/bin/python bench/task_probe.py --n 128 --tasks '[{"name": "chain_sum", "min_terms": 2, "max_terms": 3,
         "min_digits": 1, "max_digits": 1}]'
 
 To choose a task for bench/real_model.py (`--task`) without spending an hour of RL on it. For each task it builds
 `--n` distinct questions with reasoning-gym (`pip install --target`, as bench/real_model.py does), asks the model
 (the `make real-model` folder by default, its own chat template, no system prompt, as the pipeline does) once
-greedily and `--k` times at `--temperature`, takes each completion's last number (reward `number`) and scores it
+greedily and `--k` times at `--temperature`, takes each completion's answer as the family's reward reads it
+(`--family`: arithmetic, the last number, reward `number`; spelling, the last word, reward `word`) and scores it
 with reasoning-gym's own scorer for the task. It prints, per task: how many distinct questions 4 x n generated
 rows hold (a small problem space leaves little to train on once the held-out set is taken), greedy accuracy,
 sampled accuracy, pass@k (some sample right) and maj@k (the most common last number right), the share of the
 most common answer among the questions (what always giving that answer would score), and three greedy
-completions.
+completions. Its questions are the first distinct ones reasoning-gym makes with seed 1, which bench/real_model.py
+puts in the validation split (`--split held_out_first`) or in train (`train_first`, while 4 x n <= `--train`):
+never in test while n <= `--validation-n`, so choosing a task with it is a choice made on validation.
 
 How to read it: GRPO mostly sharpens what sampling already finds, so maj@k above greedy is room for a greedy
 gain, and pass@k is how often a group of k has a right answer to learn from. A task whose most common answer
@@ -37,7 +41,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_model import MODEL, NUMBER, TASK, install_reasoning_gym
+from real_model import MODEL
+from rg_task import FAMILIES, TASK, install_reasoning_gym
 
 CANDIDATES = [
     TASK,
@@ -49,11 +54,6 @@ CANDIDATES = [
     {"name": "basic_arithmetic", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
      "operators": ["+", "-"], "allow_parentheses": False, "allow_negation": False},
 ]
-
-
-def last_number(completion: str) -> str | None:
-    found = NUMBER.findall(completion.replace(",", ""))
-    return found[-1] if found else None
 
 
 def probe(spec: dict, model, tok, eos: list[int], args) -> dict:
@@ -84,13 +84,14 @@ def probe(spec: dict, model, tok, eos: list[int], args) -> dict:
         sampled = generate(model, prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            n=args.k, eos_id=eos, pad_id=tok.pad_token_id, seed=0)
     g_text = [tok.decode(x.response_ids, skip_special_tokens=True) for x in greedy]
-    s_last = [last_number(tok.decode(x.response_ids, skip_special_tokens=True)) for x in sampled]
+    last = FAMILIES[args.family].extract  # the answer as the family's reward reads it
+    s_last = [last(tok.decode(x.response_ids, skip_special_tokens=True)) for x in sampled]
     k, n = args.k, args.n
     s_right = [[right(s_last[i * k + j], r) for j in range(k)] for i, r in enumerate(rows)]
     majority = [collections.Counter(s_last[i * k:(i + 1) * k]).most_common(1)[0][0] for i in range(n)]
     common, count = collections.Counter(r["answer"] for r in rows).most_common(1)[0]
     return {"task": name, **spec, "distinct_of_4n": distinct,
-            "greedy": round(sum(right(last_number(c), r) for c, r in zip(g_text, rows)) / n, 3),
+            "greedy": round(sum(right(last(c), r) for c, r in zip(g_text, rows)) / n, 3),
             "sampled": round(sum(map(sum, s_right)) / (n * k), 3),
             f"pass@{k}": round(sum(any(x) for x in s_right) / n, 3),
             f"maj@{k}": round(sum(right(m, r) for m, r in zip(majority, rows)) / n, 3),
@@ -100,7 +101,10 @@ def probe(spec: dict, model, tok, eos: list[int], args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", default=json.dumps(CANDIDATES), help="JSON list of {name, config fields}")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="arithmetic",
+                    help="how a completion's answer is read (arithmetic: its last number; spelling: its last word)")
+    ap.add_argument("--tasks", default=None, help="JSON list of {name, config fields} (default: the candidates "
+                    "below for arithmetic, the family's task for another family)")
     ap.add_argument("--model", type=Path, default=MODEL)
     ap.add_argument("--n", type=int, default=48, help="distinct questions per task")
     ap.add_argument("--k", type=int, default=8, help="samples per question")
@@ -118,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     tok, model = load_tokenizer(args.model), load_model(args.model)
     eos = eos_token_ids(args.model, tok)
-    for spec in json.loads(args.tasks):
+    default = CANDIDATES if args.family == "arithmetic" else [FAMILIES[args.family].task]
+    for spec in json.loads(args.tasks) if args.tasks is not None else default:
         print(json.dumps(probe(spec, model, tok, eos, args)), flush=True)
     return 0
 

@@ -27,7 +27,7 @@ def real_model():
         yield importlib.import_module("real_model")
     finally:
         sys.path[:] = saved
-        for name in ("real_model", "default_seeds"):
+        for name in ("real_model", "default_seeds", "rg_task"):
             sys.modules.pop(name, None)
 
 
@@ -42,9 +42,10 @@ def earlier_log(tmp_path: Path, seed: int, quoted: bool) -> Path:
     args = argv(seed, keep="/tmp/k0")
     command = shlex.join(args) if quoted else " ".join(args)
     row = {"seed": seed, "wall_s": 3000.0, "sft_greedy_accuracy": 0.25, "rl_greedy_accuracy": 0.375,
-           "d_greedy": 0.125, "folder_arithmetic": 0.25, "rl_arithmetic": 0.375}
+           "d_greedy": 0.125, "folder_right": 0.25, "rl_right": 0.375}
     log = tmp_path / f"seed{seed}.log"
-    log.write_text(f"872 256 90\n{json.dumps(row)}\n| seed | ... |\n\nSmolLM2 ... Command: `.venv/bin/python "
+    log.write_text(f"train 872 validation 256 test 256\n{json.dumps(row)}\n| seed | ... |\n\nSmolLM2 ... (no question "
+                   "in two splits); every figure is on the\ntest split, which ... Command: `.venv/bin/python "
                    f"bench/real_model.py {command}` (2026-11-27, commit abc1234; load average 2.00 2.00 2.00 at the "
                    "end).\n")
     return log
@@ -58,12 +59,13 @@ def test_an_earlier_seed_of_the_same_command_joins_the_table(real_model, tmp_pat
     assert [r["seed"] for r in earlier.rows] == [0]
     assert earlier.stamp == "2026-11-27, commit abc1234; load average 2.00 2.00 2.00 at the end"
     row = {"seed": 1, "wall_s": 2700.0, "sft_greedy_accuracy": 0.25, "rl_greedy_accuracy": 0.5, "d_greedy": 0.25,
-           "folder_arithmetic": 0.25, "rl_arithmetic": 0.5}
-    block = real_model.table([row], mine, (2.0, 2.0, 2.0), 256, 2000, dict(real_model.TASK), json.loads(TRAIN_TASK),
-                             (earlier,))
+           "folder_right": 0.25, "rl_right": 0.5}
+    rg_task = sys.modules["rg_task"]
+    block = real_model.table([row], mine, (2.0, 2.0, 2.0), rg_task.Sizes(2000, 256, 256), dict(rg_task.TASK),
+                             json.loads(TRAIN_TASK), (earlier,))
     lines = block.splitlines()
     assert lines[2].startswith("| 0 | 0.250 | 0.375 | +0.125 |") and lines[3].startswith("| 1 | 0.250 | 0.500 |")
-    assert "greedy change mean +0.188 (min +0.125)" in block
+    assert "Greedy change mean +0.188 (min +0.125)" in block
     assert f"Seed 0 from an earlier run of the same command (its output: `{log}`; 2026-11-27" in block
     # the command shown is the one to paste: shell-quoted, without where this run kept its files or read rows from
     assert f"--train-task '{TRAIN_TASK}'" in block

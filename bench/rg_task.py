@@ -1,0 +1,244 @@
+"""The reasoning-gym task of the real-model benches (bench/real_model.py, bench/real_model_sweep.py,
+bench/task_probe.py): the pinned install, the task families, the three splits and the reward modules.
+
+- reasoning-gym is installed with `pip install --target` into `<cache>/reasoning-gym/<version>` (never `.venv`);
+  rows are generated in a child process with only that folder on its path (`GENERATE`).
+- A family (`FAMILIES`, `--family`) is a default task config, the rewards that read its answers (the first is the
+  default) and how a completion's answer is read for the table's "right" column: `arithmetic` (reasoning-gym
+  `chain_sum`, the completion's last number) and `spelling` (`spell_backward`: spell a word backward, the
+  completion's last word; reasoning-gym's scorer ignores case and gives a right prefix partial credit). The
+  spelling config is the package's own word list cut to 3-5 letters; nothing in the recipe was chosen for it.
+- `split_questions` cuts the generated rows into train / validation / test with no question in two splits:
+  sweeps and recipe choices read validation, reported figures come from test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+RG_VERSION = "0.1.25"
+CACHE = Path(os.environ.get("POSTTRAIN_MODELS", Path.home() / ".cache/posttrain/models")).parent
+TASK = {"name": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
+SPELL_TASK = {"name": "spell_backward", "min_word_len": 3, "max_word_len": 5}
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+WORD = re.compile(r"[^\W_]+")
+SPLITS = ("train", "validation", "test")
+
+
+def last_number(completion: str) -> str | None:
+    """The completion's last number (commas dropped), as reward `number` reads it; None when it has none."""
+    found = NUMBER.findall(completion.replace(",", ""))
+    return found[-1] if found else None
+
+
+def last_word(completion: str) -> str | None:
+    """The completion's last word (a run of letters and digits: "is 'elppa'." -> elppa), as reward `word` reads it."""
+    found = WORD.findall(completion)
+    return found[-1] if found else None
+
+
+def same_number(found: str | None, answer: str) -> bool:
+    try:
+        return found is not None and Decimal(found) == Decimal(str(answer).replace(",", ""))
+    except InvalidOperation:
+        return False
+
+
+def same_word(found: str | None, answer: str) -> bool:
+    return found is not None and found.casefold() == str(answer).casefold()
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kind of reasoning-gym task the real-model bench runs."""
+
+    task: dict
+    """The default `--task`: a reasoning-gym dataset name and its config fields."""
+    rewards: tuple[str, ...]
+    """The `--reward` choices that read this family's answers; the first is the default."""
+    extract: Callable[[str], str | None]
+    """The answer in a completion, as the default reward reads it (for the table's "right" column)."""
+    same: Callable[[str | None, str], bool]
+    """Whether an extracted answer is the row's answer."""
+    right: str
+    """The table's column: what "right" means, whatever the wording of the completion."""
+    rule: str
+    """How that column is counted, for the table's text."""
+
+
+FAMILIES = {
+    "arithmetic": Family(TASK, ("number", "shaped", "raw"), last_number, same_number, "arithmetic right",
+                         "greedy completions whose last number is the answer"),
+    "spelling": Family(SPELL_TASK, ("word", "raw"), last_word, same_word, "word right",
+                       "greedy completions whose last word is the answer (case ignored)"),
+}
+"""`--family`: the task families of the real-model bench."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How many questions each split holds: train (generated; fewer once held-out questions are dropped),
+    validation and test (exactly that many distinct questions each)."""
+
+    train: int
+    validation: int
+    test: int
+
+    def __post_init__(self):
+        for name, flag in zip(SPLITS, ("--train", "--validation-n", "--eval")):
+            if getattr(self, name) < 1:
+                raise SystemExit(f"{flag}: the {name} split needs at least one question, got {getattr(self, name)}")
+
+
+def _distinct(rows: list[dict], exclude: set[str] = frozenset()) -> list[dict]:
+    """The rows with a question not in `exclude`, each question once, in their order."""
+    return list({r["question"]: r for r in rows if r["question"] not in exclude}.values())
+
+
+def split_questions(rows: list[dict], sizes: Sizes, order: str,
+                    train_rows: list[dict] | None = None) -> dict[str, list[dict]]:
+    """{"train", "validation", "test": rows} from reasoning-gym rows, no question in two splits.
+
+    `order` train_first: train is the first `sizes.train` rows; validation then test are the next distinct questions
+    not in train (a small problem space ends up mostly in train). held_out_first: validation then test are the first
+    distinct questions of the first 4 x (validation + test) rows - the task's own mix - and train is the remaining
+    rows without them, or `train_rows` (another config's rows) without them. Validation comes first in both orders:
+    it is the held-out set of the runs before the three splits, so the questions those runs' choices saw are never
+    test questions. Train may repeat a question (it is a sample); validation and test never do."""
+    if order not in ("train_first", "held_out_first"):
+        raise SystemExit(f"--split: train_first or held_out_first, got {order!r}")
+    if train_rows is not None and order != "held_out_first":
+        raise SystemExit("--train-task needs --split held_out_first: the held-out sets are the task's own mix")
+    held_n = sizes.validation + sizes.test
+    if order == "train_first":
+        train = rows[: sizes.train]
+        held = _distinct(rows[sizes.train:], {r["question"] for r in train})[:held_n]
+    else:
+        held = _distinct(rows[: 4 * held_n])[:held_n]
+        seen = {r["question"] for r in held}
+        pool = rows[4 * held_n:] if train_rows is None else train_rows
+        train = [r for r in pool if r["question"] not in seen]
+    if len(held) < held_n:
+        raise SystemExit(f"only {len(held)} distinct questions not in train for validation and test; need "
+                         f"{sizes.validation} + {sizes.test} (--validation-n, --eval)")
+    if not train:
+        raise SystemExit("no train question is left once the validation and test questions are dropped")
+    return {"train": train, "validation": held[: sizes.validation], "test": held[sizes.validation:]}
+
+
+def install_reasoning_gym() -> Path:
+    """reasoning-gym==RG_VERSION in its own folder (atomic: a half-done install is never used)."""
+    root = CACHE / "reasoning-gym" / RG_VERSION
+    if not (root / "reasoning_gym").is_dir():
+        tmp = root.with_name(f".tmp-{RG_VERSION}-{os.getpid()}")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "--no-input", "--target", str(tmp), f"reasoning-gym=={RG_VERSION}"], check=True, timeout=900)
+        os.replace(tmp, root)
+    return root
+
+
+GENERATE = '''import json, sys, reasoning_gym as rg
+spec, size, seed = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+name = spec.pop("name")
+for r in rg.create_dataset(name, size=size, seed=seed, **spec):  # item i is seeded by seed + i
+    print(json.dumps({"question": r["question"], "answer": r["answer"], "metadata": r["metadata"]}))
+'''
+
+
+def generate(deps: Path, spec: dict, size: int, seed: int) -> list[dict]:
+    """`size` rows of reasoning-gym dataset `spec` ({"name", its config fields}) made with `seed`, in a child process
+    with only the install folder `deps` on its path."""
+    out = subprocess.run([sys.executable, "-c", GENERATE, json.dumps(spec), str(size), str(seed)], check=False,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(deps)})
+    if out.returncode != 0:
+        raise SystemExit(f"reasoning-gym could not build {json.dumps(spec)}:\n{out.stderr[-3000:]}")
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def build_task(folder: Path, deps: Path, sizes: Sizes, reward: str, split: str, task: dict | None = None,
+               train_task: dict | None = None, evaluate: str = "test") -> dict:
+    """train.jsonl, validation.jsonl, test.jsonl and rewards/rg_reward.py in `folder` for reasoning-gym dataset
+    `task` ({"name": ..., its config fields}; default TASK) split by `split_questions`; with `train_task` (split
+    held_out_first only) the train questions come from that config instead, none of them held out. Returns the
+    data and reward overrides of a run that evaluates on split `evaluate` (validation or test)."""
+    if evaluate not in ("validation", "test"):
+        raise ValueError(f"evaluate: validation or test, got {evaluate!r}")
+    if train_task is not None and split != "held_out_first":
+        raise SystemExit("--train-task needs --split held_out_first: the held-out sets are the task's own mix")
+    rows = generate(deps, task or TASK, sizes.train + 4 * (sizes.validation + sizes.test), seed=1)
+    train_rows = None if train_task is None else generate(deps, train_task, sizes.train, seed=2)
+    parts = split_questions(rows, sizes, split, train_rows)
+    (folder / "rewards").mkdir(parents=True, exist_ok=True)
+    (folder / "rewards" / "rg_reward.py").write_text(REWARDS[reward])
+    for name, part in parts.items():
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    (folder / "splits.json").write_text(json.dumps({"evaluated": evaluate, **{k: len(v) for k, v in parts.items()}}))
+    print(" ".join(f"{k} {len(v)}" for k, v in parts.items()), f"(train distinct {len(_distinct(parts['train']))})")
+    return {"data": {"task": "", "files": [str(folder / "train.jsonl")],
+                     "eval_files": [str(folder / f"{evaluate}.jsonl")], "eval_size": 0, "schema": "prompt_answer", "prompt_field": "question"},
+            "reward": {"fn": "rg_reward:score", "python_path": [str(folder / "rewards"), str(deps)]},
+            "eval": {"num_problems": len(parts[evaluate])}}
+
+
+REWARDS = {
+    "number": '''"""Reward for reasoning-gym rows: the completion's last number, scored by reasoning-gym's own scorer."""
+import re
+
+from reasoning_gym import get_score_answer_fn
+
+NUMBER = re.compile(r"-?\\d+(?:\\.\\d+)?")
+
+
+def score(completion, answer, metadata):
+    found = NUMBER.findall(completion.replace(",", ""))
+    return get_score_answer_fn(metadata["source_dataset"])(found[-1] if found else None,
+                                                          {"answer": answer, "metadata": metadata})
+''',
+    "word": '''"""Reward for reasoning-gym rows whose answer is one word (spell_backward): the completion's last
+word - a run of letters and digits, so "The word backward is 'elppa'." reads elppa - scored by reasoning-gym's
+own scorer."""
+import re
+
+from reasoning_gym import get_score_answer_fn
+
+WORD = re.compile(r"[^\\W_]+")
+
+
+def score(completion, answer, metadata):
+    found = WORD.findall(completion)
+    return get_score_answer_fn(metadata["source_dataset"])(found[-1] if found else None,
+                                                          {"answer": answer, "metadata": metadata})
+''',
+    "shaped": '''"""Reward for reasoning-gym rows, reasoning-gym's own scorer twice: half for the completion's last number, half
+for the completion as it is (1.0 only for exactly the answer). 1.0 - what evaluation counts as correct - is only the
+answer and nothing else; a right number inside a sentence gets about half."""
+import re
+
+from reasoning_gym import get_score_answer_fn
+
+NUMBER = re.compile(r"-?\\d+(?:\\.\\d+)?")
+
+
+def score(completion, answer, metadata):
+    fn, entry = get_score_answer_fn(metadata["source_dataset"]), {"answer": answer, "metadata": metadata}
+    found = NUMBER.findall(completion.replace(",", ""))
+    return 0.5 * fn(found[-1] if found else None, entry) + 0.5 * fn(completion.strip(), entry)
+''',
+    "raw": '''"""Reward for reasoning-gym rows: reasoning-gym's own scorer for the row's dataset, on the completion as it is
+(1.0 for exactly the answer; an answer inside other words gets len(answer) / len(completion))."""
+from reasoning_gym import get_score_answer_fn
+
+
+def score(completion, answer, metadata):
+    return get_score_answer_fn(metadata["source_dataset"])(completion, {"answer": answer, "metadata": metadata})
+''',
+}
+"""The reward module written for the run (`--reward`): `rg_reward:score`."""

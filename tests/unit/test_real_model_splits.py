@@ -1,0 +1,230 @@
+"""The real-model benches' three splits and task families (bench/rg_task.py, bench/real_model.py,
+bench/real_model_sweep.py): no question in two of train / validation / test, the sweep scoring on validation only,
+the reported table naming the test split, and the spelling family's reward read by reasoning-gym's own scorer.
+
+The tests that need reasoning-gym use the benches' own install folder (`<cache>/reasoning-gym/<version>`, made by
+`install_reasoning_gym()`, e.g. by `bench/real_model.py`) and are skipped when it is absent: they never install it."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = str(Path(__file__).resolve().parents[2] / "bench")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """(rg_task, real_model, real_model_sweep), imported with bench/ on sys.path only while this module's tests run
+    (bench's module names must not shadow anything for later tests)."""
+    saved = list(sys.path)
+    sys.path.insert(0, BENCH)
+    names = ("rg_task", "real_model", "real_model_sweep", "default_seeds")
+    try:
+        yield tuple(importlib.import_module(n) for n in names[:3])
+    finally:
+        sys.path[:] = saved
+        for name in names:
+            sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def rg_dir(bench):
+    """The benches' reasoning-gym folder, or a skip saying how to make it."""
+    rg_task = bench[0]
+    root = rg_task.CACHE / "reasoning-gym" / rg_task.RG_VERSION
+    if not (root / "reasoning_gym").is_dir():
+        pytest.skip(f"reasoning-gym {rg_task.RG_VERSION} is not installed in {root} (bench/real_model.py installs it "
+                    "with pip --target; these tests do not)")
+    return root
+
+
+def rows(questions: list[int]) -> list[dict]:
+    """reasoning-gym-like rows, question q for each q (a repeated q is a repeated question)."""
+    return [{"question": f"q{q}", "answer": str(q), "metadata": {"source_dataset": "x"}} for q in questions]
+
+
+def questions(part: list[dict]) -> list[str]:
+    return [r["question"] for r in part]
+
+
+def assert_disjoint(parts: dict, sizes) -> None:
+    """Each split's questions in no other split; validation and test exactly their size, each question once."""
+    train, val, test = (set(questions(parts[k])) for k in ("train", "validation", "test"))
+    assert not train & val and not train & test and not val & test
+    assert len(parts["validation"]) == len(val) == sizes.validation
+    assert len(parts["test"]) == len(test) == sizes.test
+
+
+@pytest.mark.parametrize("order", ["train_first", "held_out_first"])
+def test_no_question_is_in_two_splits(bench, order):
+    rg_task = bench[0]
+    sizes = rg_task.Sizes(train=30, validation=8, test=6)
+    # 60 distinct questions drawn with repeats: a train question recurs later, a held-out one recurs in train
+    generated = rows([(i * 7) % 60 for i in range(sizes.train + 4 * (sizes.validation + sizes.test))])
+    parts = rg_task.split_questions(generated, sizes, order)
+    assert_disjoint(parts, sizes)
+    assert parts["train"]
+    if order == "train_first":
+        assert parts["train"] == generated[:30]  # the first rows, repeats kept: train is a sample
+
+
+@pytest.mark.parametrize("order", ["train_first", "held_out_first"])
+def test_validation_comes_first_and_does_not_depend_on_the_test_size(bench, order):
+    """Validation is the held-out set of the runs before the three splits (their choices saw it); test questions
+    are the ones after it, so changing --eval never moves a question the sweep scored on into test."""
+    rg_task = bench[0]
+    generated = rows(list(range(200)))
+    small = rg_task.split_questions(generated, rg_task.Sizes(100, 10, 5), order)
+    large = rg_task.split_questions(generated, rg_task.Sizes(100, 10, 20), order)
+    assert small["validation"] == large["validation"]
+    assert questions(small["test"]) == questions(large["test"])[:5]
+    first_held = 100 if order == "train_first" else 0
+    assert questions(small["validation"]) == [f"q{i}" for i in range(first_held, first_held + 10)]
+
+
+def test_train_rows_of_another_config_lose_every_held_out_question(bench):
+    rg_task = bench[0]
+    sizes = rg_task.Sizes(train=10, validation=3, test=3)
+    generated = rows(list(range(100)))
+    train_rows = rows([0, 1, 2, 3, 4, 5, 50, 51, 51])  # q0..q5 are the validation and test questions
+    parts = rg_task.split_questions(generated, sizes, "held_out_first", train_rows)
+    assert questions(parts["train"]) == ["q50", "q51", "q51"]
+    assert_disjoint(parts, sizes)
+    with pytest.raises(SystemExit, match="--train-task needs --split held_out_first"):
+        rg_task.split_questions(generated, sizes, "train_first", train_rows)
+
+
+def test_too_few_distinct_questions_and_empty_splits_are_refused_naming_the_flag(bench):
+    rg_task = bench[0]
+    with pytest.raises(SystemExit, match=r"only 5 distinct questions .* need 4 \+ 4 \(--validation-n, --eval\)"):
+        rg_task.split_questions(rows([i % 5 for i in range(60)]), rg_task.Sizes(10, 4, 4), "held_out_first")
+    with pytest.raises(SystemExit, match="no train question is left"):
+        rg_task.split_questions(rows([i % 8 for i in range(60)]), rg_task.Sizes(10, 4, 4), "held_out_first")
+    with pytest.raises(SystemExit, match="--validation-n: the validation split needs at least one question"):
+        rg_task.Sizes(10, 0, 4)
+
+
+def test_a_built_task_has_three_disjoint_splits_and_evaluates_on_the_one_asked(bench, rg_dir, tmp_path):
+    rg_task = bench[0]
+    sizes = rg_task.Sizes(train=60, validation=12, test=12)
+    for family in ("arithmetic", "spelling"):
+        folder = tmp_path / family
+        fam = rg_task.FAMILIES[family]
+        over = rg_task.build_task(folder, rg_dir, sizes, fam.rewards[0], "train_first", fam.task,
+                                  evaluate="validation" if family == "spelling" else "test")
+        parts = {k: [json.loads(line) for line in (folder / f"{k}.jsonl").read_text().splitlines()]
+                 for k in rg_task.SPLITS}
+        assert_disjoint(parts, sizes)
+        assert all(r["metadata"]["source_dataset"] == fam.task["name"] for p in parts.values() for r in p)
+        evaluated = "validation" if family == "spelling" else "test"
+        assert over["data"]["eval_files"] == [str(folder / f"{evaluated}.jsonl")]
+        assert over["eval"]["num_problems"] == 12
+        assert json.loads((folder / "splits.json").read_text())["evaluated"] == evaluated
+
+
+def test_the_word_reward_reads_the_last_word_and_reasoning_gyms_scorer_scores_it(bench, rg_dir, tmp_path):
+    """The spelling family's reward, loaded as RL and eval load it (posttrain's RewardScorer, the written
+    rg_reward.py with the install folder on its path), on hand-written completions of a real spell_backward row."""
+    from posttrain.config import RewardConfig
+    from posttrain.rewards.scorer import RewardSample, RewardScorer
+
+    rg_task = bench[0]
+    row = rg_task.generate(rg_dir, {"name": "spell_backward", "min_word_len": 5, "max_word_len": 5}, 1, seed=1)[0]
+    word, answer = row["metadata"]["word"], row["answer"]
+    assert answer == word[::-1] and row["question"].endswith(f": {word}")
+    completions = [answer,                                              # the bare answer
+                   f"The word '{word}' spelled backward is '{answer.upper()}'.",  # in a sentence, upper case
+                   f"{word} -> {answer}",                               # as the prompt's example writes it
+                   f"{answer} is {word} backward",                      # the answer, then more: read "backward"
+                   answer[:3] + "".join("x" if c != "x" else "q" for c in answer[3:]),  # 3 of 5 letters right
+                   "?!"]                                                # no word at all
+    (tmp_path / "rewards").mkdir()
+    got = {}
+    for reward in ("word", "number"):
+        (tmp_path / "rewards" / "rg_reward.py").write_text(rg_task.REWARDS[reward])
+        cfg = RewardConfig(fn="rg_reward:score", python_path=[str(tmp_path / "rewards"), str(rg_dir)], timeout_s=60)
+        example = {"messages": [{"role": "user", "content": row["question"]}], "answer": answer,
+                   "columns": {"metadata": row["metadata"]}}
+        with RewardScorer(cfg) as s:
+            results = s.score([RewardSample.from_example(example, c) for c in completions])
+        assert all(r.failure is None for r in results), results
+        got[reward] = [r.score for r in results]
+    assert got["word"][:3] == [1.0, 1.0, 1.0]
+    assert got["word"][3] < 1.0 and got["word"][4] == pytest.approx(0.6) and got["word"][5] == 0.0
+    assert got["number"] == [0.0] * len(completions)  # reward `number` cannot read a word: why the family has its own
+    fam = rg_task.FAMILIES["spelling"]  # the table's "word right" column reads a completion as the reward does
+    assert [fam.same(fam.extract(c), answer) for c in completions] == [r >= 1.0 for r in got["word"]]
+
+
+def test_a_family_takes_only_the_rewards_that_read_its_answers(bench):
+    real_model = bench[1]
+    assert real_model.family_reward("spelling", None) == "word"
+    assert real_model.family_reward("arithmetic", None) == "number"
+    with pytest.raises(SystemExit, match="--reward number does not read family spelling's answers; it takes word or"):
+        real_model.family_reward("spelling", "number")
+    with pytest.raises(SystemExit, match="--reward word does not read family arithmetic's"):
+        real_model.main(["--family", "arithmetic", "--reward", "word"])
+
+
+def test_the_table_says_its_figures_are_on_the_test_split_and_counts_words_right(bench, tmp_path):
+    rg_task, real_model, _ = bench
+    home = tmp_path / "store"
+    for name, greedy in (("eval-base", ["elppa", "'Elppa'.", "apple"]), ("eval-rl", ["elppa", "elppa", "elppa"])):
+        folder = home / "objects" / name
+        (folder / "files").mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps({"kind": "eval", "name": name}))
+        (folder / "files" / "report.json").write_text(json.dumps(
+            {"problems": [{"greedy": g, "answer": "elppa"} for g in greedy]}))
+    right = real_model.answers_right(home, rg_task.FAMILIES["spelling"])
+    assert right == {"folder": pytest.approx(2 / 3), "rl": 1.0}
+    row = {"seed": 0, "wall_s": 60.0, "sft_greedy_accuracy": 0.25, "rl_greedy_accuracy": 0.5, "d_greedy": 0.25,
+           "folder_right": right["folder"], "rl_right": right["rl"]}
+    block = real_model.table([row], ["--family", "spelling"], (1.0, 1.0, 1.0), rg_task.Sizes(2000, 256, 200),
+                             dict(rg_task.SPELL_TASK), family="spelling")
+    assert block.splitlines()[0].endswith("| folder word right | RL word right | wall |")
+    assert block.splitlines()[2] == "| 0 | 0.250 | 0.500 | +0.250 | 0.667 | 1.000 | 1.0 min |"
+    assert "2000 generated train / 256 validation / 200 test questions (no question in two splits" in block
+    assert real_model.ON_TEST in block and "`spell_backward`" in block
+
+
+def test_rows_from_a_run_before_the_three_splits_are_refused(bench, tmp_path):
+    """Its held-out set is now the validation split: its figures must not join a table of test-split figures."""
+    real_model = bench[1]
+    log = tmp_path / "old.log"
+    log.write_text('{"seed": 0, "d_greedy": 0.1}\n| seed |\n\nSmolLM2 ... 256 held-out questions ... Command: '
+                   "`.venv/bin/python bench/real_model.py --seeds 0` (2026-11-27, commit abc; load average 2 2 2 at "
+                   "the end).\n")
+    with pytest.raises(SystemExit, match="does not say 'every figure is on the test split'"):
+        real_model.read_earlier(log, ["--seeds", "1", "--rows-from", str(log)])
+
+
+def sweep_args(out: Path, *extra: str) -> list[str]:
+    return ["--out", str(out), "--model", str(out / "no-model"), *extra]
+
+
+def test_the_sweep_refuses_whatever_would_score_it_beyond_the_validation_split(bench, tmp_path):
+    sweep = bench[2]
+    with pytest.raises(SystemExit, match=r"--eval-n 300: configs are scored on the validation split only, 1..--valid"):
+        sweep.main(sweep_args(tmp_path, "--eval-n", "300", "--validation-n", "256"))
+    with pytest.raises(SystemExit, match="--configs: config 'x' sets data"):
+        sweep.main(sweep_args(tmp_path, "--configs", '[{"name": "x", "data": {"eval_files": ["test.jsonl"]}}]'))
+    (tmp_path / "ds").mkdir()  # a dataset made before the three splits (its eval set: the old held-out = test)
+    with pytest.raises(SystemExit, match=r"--out .*was not prepared on the validation split by this sweep"):
+        sweep.main(sweep_args(tmp_path, "--prepare-only"))
+    args = sweep.parser().parse_args(sweep_args(tmp_path))
+    (tmp_path / "prepared.json").write_text(json.dumps(sweep.checked(args)))
+    with pytest.raises(SystemExit, match=r"prepared with other --split, --validation-n"):
+        sweep.main(sweep_args(tmp_path, "--prepare-only", "--split", "train_first", "--validation-n", "128"))
+
+
+def test_the_sweeps_plain_rewards_are_the_families_rules(bench):
+    sweep = bench[2]
+    assert sweep.number_score("so 3 + 4 = 7.", "7", {}) == 1.0 and sweep.number_score("7 or 8", "7", {}) == 0.0
+    assert sweep.word_score("It is 'Elppa'.", "elppa", {}) == 1.0
+    assert sweep.word_score("elppa?? no: elpp", "elppa", {}) == 0.0
+    assert sweep.SCORES.keys() == bench[0].FAMILIES.keys()
