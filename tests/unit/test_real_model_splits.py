@@ -3,7 +3,7 @@ bench/real_model_sweep.py): no question in two of train / validation / test, the
 the reported table naming the test split, and the spelling family's reward read by reasoning-gym's own scorer.
 
 The tests that need reasoning-gym use the benches' own install folder (`<cache>/reasoning-gym/<version>`, made by
-`install_reasoning_gym()`, e.g. by `bench/real_model.py`) and are skipped when it is absent: they never install it."""
+`install_reasoning_gym()`, e.g. by `bench/real_model.py`), else test_rewards.py's install in pytest's cache."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.unit.test_rewards import reasoning_gym_dir  # noqa: F401 (a fixture)
 
 BENCH = str(Path(__file__).resolve().parents[2] / "bench")
 
@@ -33,14 +35,12 @@ def bench():
 
 
 @pytest.fixture(scope="module")
-def rg_dir(bench):
-    """The benches' reasoning-gym folder, or a skip saying how to make it."""
+def rg_dir(bench, reasoning_gym_dir):  # noqa: F811 (the fixture imported above)
+    """reasoning-gym for the bench code: the benches' own install folder where bench/real_model.py made one, else
+    the one tests/unit/test_rewards.py installs once into pytest's cache (skipped only when PyPI is unreachable)."""
     rg_task = bench[0]
     root = rg_task.CACHE / "reasoning-gym" / rg_task.RG_VERSION
-    if not (root / "reasoning_gym").is_dir():
-        pytest.skip(f"reasoning-gym {rg_task.RG_VERSION} is not installed in {root} (bench/real_model.py installs it "
-                    "with pip --target; these tests do not)")
-    return root
+    return root if (root / "reasoning_gym").is_dir() else reasoning_gym_dir
 
 
 def rows(questions: list[int]) -> list[dict]:
