@@ -18,7 +18,8 @@
 5. The same on a real model (`compare_real`): the small_instruct_cpu recipe on SmolLM2-135M-Instruct (the folder
    `make real-model` builds), from the start model itself, at staleness 0 and 1 in the recipe's placement (one
    policy rank and one rollout worker at two threads each) and in "1+1", a few steps each (a step takes tens of
-   seconds here, so staleness 2 is left to the tiny model): tokens/s, ratios, median step and idle shares. No
+   seconds here, so staleness 2 is left to the tiny model; rl.kl_coef 0.02: REAL_RL): tokens/s, ratios, median
+   step and idle shares. No
    held-out accuracy: a few steps at the recipe's lr 1e-6 leave greedy where it starts (the real-model gain is
    bench/real_model.py's).
 """
@@ -92,7 +93,13 @@ def _timed_run(run_recipe, rl_cfg, store, model_ref, ds_ref) -> dict:
     return r
 
 
-def compare_real(steps: int, reps: int = 1, settings=REAL_SETTINGS) -> dict:
+REAL_RL = {"kl_coef": 0.02}
+"""rl settings of the SmolLM2 runs over the recipe's: with its kl_coef 0 and the start model's reward 0 on the
+first steps, every group's advantages are 0 and the update skips every row (nothing to overlap); with a KL term
+every row has a gradient, as in a run that learns (the recipe's docs suggest ~0.02 for long runs)."""
+
+
+def compare_real(steps: int, reps: int = 1, settings=REAL_SETTINGS, rl_overrides: dict | None = None) -> dict:
     """Item 5 of the module docstring: small_instruct_cpu on SmolLM2-135M-Instruct, from the start model."""
     import tempfile
     from pathlib import Path
@@ -115,19 +122,22 @@ def compare_real(steps: int, reps: int = 1, settings=REAL_SETTINGS) -> dict:
         for rep in range(reps):
             rows = {}
             for placement, k in settings:
-                rl_cfg = replace(recipe.rl, checkpoint_every=0, max_staleness=k, steps=steps)
+                rl_cfg = replace(recipe.rl, checkpoint_every=0, max_staleness=k, steps=steps,
+                                 **(REAL_RL if rl_overrides is None else rl_overrides))
                 print(f"\n== SmolLM2 round {rep + 1}/{reps}: placement {placement}, rl.max_staleness {k}, {steps} "
                       "steps ==", flush=True)
                 rows[(placement, k)] = _timed_run(replace(recipe, placement=_placement(recipe, placement)), rl_cfg,
                                                   store, model_ref, ds_ref)
             rounds.append(rows)
-    return {"rl": replace(recipe.rl, steps=steps), "rounds": rounds, "settings": settings}
+    return {"rl": replace(recipe.rl, steps=steps, **(REAL_RL if rl_overrides is None else rl_overrides)),
+            "rounds": rounds, "settings": settings}
 
 
 def print_real(res: dict) -> None:
     rl, rounds, settings = res["rl"], res["rounds"], res["settings"]
     print(f"\n## async on a real model: small_instruct_cpu, SmolLM2-135M-Instruct -> GRPO, {rl.steps} steps x "
-          f"{rl.prompts_per_step} prompts x {rl.samples_per_prompt} samples, up to {rl.max_new_tokens} new tokens; "
+          f"{rl.prompts_per_step} prompts x {rl.samples_per_prompt} samples, up to {rl.max_new_tokens} new tokens, "
+          f"kl_coef {rl.kl_coef:g}; "
           f"{len(rounds)} rounds in turn")
     print("| placement | rl.max_staleness | generated tok/s (median over rounds) | x sync, same placement (per round) | "
           "x recipe sync (per round) | median step s | idle update | idle rollout |")
