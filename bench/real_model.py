@@ -84,7 +84,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from default_seeds import _commit, run_pipeline, write_block
-from rg_task import CACHE, FAMILIES, REWARDS, RG_VERSION, Family, Sizes, build_task, install_reasoning_gym
+from rg_task import CACHE, FAMILIES, REWARDS, RG_VERSION, Family, Sizes, build_task, check_split, install_reasoning_gym
 
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
 BEGIN, END = "<!-- real_model:begin -->", "<!-- real_model:end -->"
@@ -273,8 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     fam, reward = FAMILIES[args.family], family_reward(args.family, args.reward)
     spec = task_spec("--task", args.task) if args.task is not None else dict(fam.task)
     train_spec = None if args.train_task is None else task_spec("--train-task", args.train_task)
-    if train_spec is not None and args.split != "held_out_first":
-        raise SystemExit("--train-task needs --split held_out_first: validation and test are --task's own mix")
+    check_split(args.split, train_spec is not None)
     sizes = Sizes(args.train, args.validation_n, args.eval)
     if not (MODEL / "model.safetensors").is_file():
         raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")

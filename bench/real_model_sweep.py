@@ -54,7 +54,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from rg_task import FAMILIES, Sizes, last_number, last_word, same_number, same_word
+from rg_task import FAMILIES, Sizes, check_split, last_number, last_word, same_number, same_word
 
 
 def number_score(completion: str, answer: str, metadata: dict) -> float:
@@ -266,8 +266,7 @@ def checked(args) -> dict:
     for flag, text in (("--task", args.task), ("--train-task", args.train_task)):
         if text is not None:
             task_spec(flag, text)
-    if args.train_task is not None and args.split != "held_out_first":
-        raise SystemExit("--train-task needs --split held_out_first: validation and test are --task's own mix")
+    check_split(args.split, args.train_task is not None)
     for config in json.loads(args.configs):
         if "data" in config:
             raise SystemExit(f"--configs: config {config.get('name', '')!r} sets data; the sweep's data is OUT/ds, "

@@ -103,6 +103,14 @@ def _distinct(rows: list[dict], exclude: set[str] = frozenset()) -> list[dict]:
     return list({r["question"]: r for r in rows if r["question"] not in exclude}.values())
 
 
+def check_split(order: str, other_train: bool) -> None:
+    """Refuse a `--split` that is neither order, or `--train-task` (train from another config) with train_first."""
+    if order not in ("train_first", "held_out_first"):
+        raise SystemExit(f"--split: train_first or held_out_first, got {order!r}")
+    if other_train and order != "held_out_first":
+        raise SystemExit("--train-task needs --split held_out_first: validation and test are --task's own mix")
+
+
 def split_questions(rows: list[dict], sizes: Sizes, order: str,
                     train_rows: list[dict] | None = None) -> dict[str, list[dict]]:
     """{"train", "validation", "test": rows} from reasoning-gym rows, no question in two splits.
@@ -113,10 +121,7 @@ def split_questions(rows: list[dict], sizes: Sizes, order: str,
     rows without them, or `train_rows` (another config's rows) without them. Validation comes first in both orders:
     it is the held-out set of the runs before the three splits, so the questions those runs' choices saw are never
     test questions. Train may repeat a question (it is a sample); validation and test never do."""
-    if order not in ("train_first", "held_out_first"):
-        raise SystemExit(f"--split: train_first or held_out_first, got {order!r}")
-    if train_rows is not None and order != "held_out_first":
-        raise SystemExit("--train-task needs --split held_out_first: the held-out sets are the task's own mix")
+    check_split(order, train_rows is not None)
     held_n = sizes.validation + sizes.test
     if order == "train_first":
         train = rows[: sizes.train]
@@ -171,8 +176,7 @@ def build_task(folder: Path, deps: Path, sizes: Sizes, reward: str, split: str, 
     data and reward overrides of a run that evaluates on split `evaluate` (validation or test)."""
     if evaluate not in ("validation", "test"):
         raise ValueError(f"evaluate: validation or test, got {evaluate!r}")
-    if train_task is not None and split != "held_out_first":
-        raise SystemExit("--train-task needs --split held_out_first: the held-out sets are the task's own mix")
+    check_split(split, train_task is not None)
     rows = generate(deps, task or TASK, sizes.train + 4 * (sizes.validation + sizes.test), seed=1)
     train_rows = None if train_task is None else generate(deps, train_task, sizes.train, seed=2)
     parts = split_questions(rows, sizes, split, train_rows)

@@ -63,8 +63,7 @@ def compare(steps: int | None, reps: int = 2, settings=SETTINGS) -> dict:
             run_recipe = replace(recipe, placement=_placement(recipe, placement))
             print(f"\n== round {rep + 1}/{reps}: placement {placement}, rl.max_staleness {k}, {rl_cfg.steps} steps ==",
                   flush=True)
-            r = _timed_run(run_recipe, rl_cfg, store, model_ref, ds_ref)
-            hist = r.pop("hist")
+            r, hist = _timed_run(run_recipe, rl_cfg, store, model_ref, ds_ref)
             first = next((i for i, h in enumerate(hist) if h.accuracy >= 0.95), None)
             r["to_095"] = (first + 1, sum(h.step_s for h in hist[:first + 1])) if first is not None else None
             if rep == 0:
@@ -78,19 +77,33 @@ def compare(steps: int | None, reps: int = 2, settings=SETTINGS) -> dict:
 REAL_SETTINGS = (("recipe", 0), ("recipe", 1), ("1+1", 0), ("1+1", 1))
 
 
-def _timed_run(run_recipe, rl_cfg, store, model_ref, ds_ref) -> dict:
+def _timed_run(run_recipe, rl_cfg, store, model_ref, ds_ref) -> tuple[dict, list]:
+    """(the run's figures, its step history): tokens/s over the steps' wall, and the median step, phases and
+    idle shares of the steps after the first (the warm-up)."""
     import rl_vs_trl
 
     r = rl_vs_trl.run_project(run_recipe, rl_cfg, store, model_ref, ds_ref)
     hist = r.pop("history")
+    steady = hist[1:] or hist
     r["tok_s"] = r["tokens"] / r["wall_s"]
-    r["median_step_s"] = statistics.median(h.step_s for h in hist[1:] or hist)
-    r["phase_s"] = {p: statistics.median(h.phase_s.get(p, 0.0) for h in hist[1:] or hist)
+    r["median_step_s"] = statistics.median(h.step_s for h in steady)
+    r["phase_s"] = {p: statistics.median(h.phase_s.get(p, 0.0) for h in steady)
                     for p in sorted({p for h in hist for p in h.phase_s})}
-    r["idle_update"] = statistics.fmean(h.extra.get("idle/update", 0.0) for h in hist[1:] or hist)
-    r["idle_rollout"] = statistics.fmean(h.extra.get("idle/rollout", 0.0) for h in hist[1:] or hist)
-    r["hist"] = hist
-    return r
+    r["idle_update"] = statistics.fmean(h.extra.get("idle/update", 0.0) for h in steady)
+    r["idle_rollout"] = statistics.fmean(h.extra.get("idle/rollout", 0.0) for h in steady)
+    return r, hist
+
+
+def _cells(rounds: list[dict], placement: str, k: int, step_digits: int) -> list[str]:
+    """A setting's cells both tables share: placement, staleness, tok/s (median over rounds), x the same
+    placement's sync per round, median step s, idle update, idle rollout."""
+    runs = [r[(placement, k)] for r in rounds]
+    ratios = [r[(placement, k)]["tok_s"] / r[(placement, 0)]["tok_s"] for r in rounds if (placement, 0) in r]
+    return [placement, str(k), f"{statistics.median(r['tok_s'] for r in runs):.0f}",
+            " / ".join(f"x{x:.2f}" for x in ratios) or "-",
+            f"{statistics.median(r['median_step_s'] for r in runs):.{step_digits}f}",
+            f"{statistics.fmean(r['idle_update'] for r in runs):.2f}",
+            f"{statistics.fmean(r['idle_rollout'] for r in runs):.2f}"]
 
 
 REAL_RL = {"kl_coef": 0.02}
@@ -109,6 +122,7 @@ def compare_real(steps: int, reps: int = 1, settings=REAL_SETTINGS, rl_overrides
     from posttrain.recipes import small_instruct_cpu
 
     recipe = small_instruct_cpu()
+    base_rl = replace(recipe.rl, steps=steps, **(REAL_RL if rl_overrides is None else rl_overrides))
     model_dir = Path(recipe.model.base_path)
     if not (model_dir / "config.json").exists():
         raise SystemExit(f"{model_dir}: no SmolLM2-135M-Instruct folder - `make real-model` builds it")
@@ -122,15 +136,13 @@ def compare_real(steps: int, reps: int = 1, settings=REAL_SETTINGS, rl_overrides
         for rep in range(reps):
             rows = {}
             for placement, k in settings:
-                rl_cfg = replace(recipe.rl, checkpoint_every=0, max_staleness=k, steps=steps,
-                                 **(REAL_RL if rl_overrides is None else rl_overrides))
+                rl_cfg = replace(base_rl, checkpoint_every=0, max_staleness=k)
                 print(f"\n== SmolLM2 round {rep + 1}/{reps}: placement {placement}, rl.max_staleness {k}, {steps} "
                       "steps ==", flush=True)
-                rows[(placement, k)] = _timed_run(replace(recipe, placement=_placement(recipe, placement)), rl_cfg,
-                                                  store, model_ref, ds_ref)
+                rows[(placement, k)], _ = _timed_run(replace(recipe, placement=_placement(recipe, placement)),
+                                                     rl_cfg, store, model_ref, ds_ref)
             rounds.append(rows)
-    return {"rl": replace(recipe.rl, steps=steps, **(REAL_RL if rl_overrides is None else rl_overrides)),
-            "rounds": rounds, "settings": settings}
+    return {"rl": base_rl, "rounds": rounds, "settings": settings}
 
 
 def print_real(res: dict) -> None:
@@ -143,15 +155,9 @@ def print_real(res: dict) -> None:
           "x recipe sync (per round) | median step s | idle update | idle rollout |")
     print("|---|---|---|---|---|---|---|---|")
     for placement, k in settings:
-        runs = [r[(placement, k)] for r in rounds]
-        same = [r[(placement, k)]["tok_s"] / r[(placement, 0)]["tok_s"] for r in rounds if (placement, 0) in r]
         base = [r[(placement, k)]["tok_s"] / r[("recipe", 0)]["tok_s"] for r in rounds if ("recipe", 0) in r]
-        print(f"| {placement} | {k} | {statistics.median(r['tok_s'] for r in runs):.0f} | "
-              + (" / ".join(f"x{x:.2f}" for x in same) or "-") + " | "
-              + (" / ".join(f"x{x:.2f}" for x in base) or "-")
-              + f" | {statistics.median(r['median_step_s'] for r in runs):.2f} | "
-              f"{statistics.fmean(r['idle_update'] for r in runs):.2f} | "
-              f"{statistics.fmean(r['idle_rollout'] for r in runs):.2f} |")
+        cells = _cells(rounds, placement, k, step_digits=2)
+        print("| " + " | ".join(cells[:4] + [" / ".join(f"x{x:.2f}" for x in base) or "-"] + cells[4:]) + " |")
 
 
 def print_section(res: dict) -> None:
@@ -162,15 +168,10 @@ def print_section(res: dict) -> None:
           "median step s | idle update | idle rollout | train acc >= 0.95 at step (s) | held-out greedy (round 1) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for placement, k in settings:
-        runs = [r[(placement, k)] for r in rounds]
-        ratios = [r[(placement, k)]["tok_s"] / r[(placement, 0)]["tok_s"] for r in rounds if (placement, 0) in r]
-        first = runs[0]
+        first = rounds[0][(placement, k)]
         reach = f"{first['to_095'][0]} ({first['to_095'][1]:.0f} s)" if first["to_095"] else "never"
-        print(f"| {placement} | {k} | {statistics.median(r['tok_s'] for r in runs):.0f} | "
-              + (" / ".join(f"x{x:.2f}" for x in ratios) if ratios else "-")
-              + f" | {statistics.median(r['median_step_s'] for r in runs):.3f} | "
-              f"{statistics.fmean(r['idle_update'] for r in runs):.2f} | {statistics.fmean(r['idle_rollout'] for r in runs):.2f}"
-              f" | {reach} | {first['greedy']:.3f} |")
+        print("| " + " | ".join(_cells(rounds, placement, k, step_digits=3) + [reach, f"{first['greedy']:.3f}"])
+              + " |")
     if ("recipe", 0) in rounds[0]:
         from rl_async_projection import print_projection
 

@@ -165,13 +165,27 @@ def test_a_perturbed_engine_fails_the_version_matched_drift_gate(folders, world_
              SIGMA)
 
 
-def test_the_drift_gate_ahead_measures_an_evenly_spaced_share_of_the_rows():
+@pytest.mark.parametrize("fraction, measured", [(0.125, [0, 8]), (1.0, list(range(16)))])
+def test_the_drift_gate_ahead_measures_an_evenly_spaced_share_of_the_rows(folders, world_of_one, fraction, measured):
+    """The real worker's version-matched forward runs over exactly the evenly spaced rows, and counts their tokens
+    only."""
+    from posttrain.rl.roles.policy import PolicyWorker
     from posttrain.rl.roles.policy_versions import _evenly_spaced
+    from posttrain.rl.types import TrainBatch
 
-    assert _evenly_spaced(list(range(16)), 0.125) == [0, 8]
-    assert _evenly_spaced(list(range(16)), 1.0) == list(range(16))
-    assert _evenly_spaced(list(range(3)), 0.125) == [0]
-    assert _evenly_spaced([], 0.125) == []
+    assert _evenly_spaced(list(range(3)), 0.125) == [0] and _evenly_spaced([], 0.125) == []
+    policy = PolicyWorker(str(folders["llama"]), replace(CFG, max_staleness=1, ahead_drift_fraction=fraction), 0, 1)
+    policy.setup_process_group(*policy.master_address(), 60)
+    policy.keep_version()
+    rows = TrainBatch(policy_version=0, prompt_ids=[[1, 2, i + 3] for i in range(16)],
+                      response_ids=[[3, 4]] * 16, old_logprobs=[[-1.0, -1.0]] * 16, ref_logprobs=None,
+                      advantages=[1.0] * 16, versions=[0] * 16)
+    seen = []
+    log_probs = policy.log_probs
+    policy.log_probs = lambda prompts, responses, t: (seen.extend(p[2] - 3 for p in prompts),
+                                                       log_probs(prompts, responses, t))[1]
+    _, tokens = policy.drift_at_versions([rows], CFG.temperature)
+    assert seen == measured and tokens == 2 * len(measured)
 
 
 def test_the_real_policy_refuses_a_row_beyond_the_bound(folders, world_of_one):

@@ -41,8 +41,9 @@ the same after every micro-batch's backward: one micro-batch's forward and backw
 heap on a SmolLM2 LoRA rank that the next ones only partly reuse, so the heap crept to +0.6-0.7 GiB over an
 update; trimmed, every micro-batch starts from the rank's rest (update peak 1.64 / 1.71 -> 1.37 / 1.46 GiB in
 two steps, ~25 ms a trim; /proc RSS sampled every 5 ms in-process at 1 torch thread). A micro-batch whose freed
-heap is under TRIM_AT_LEAST (128 MiB) is not trimmed: the embedded default's leave ~60 MiB, and its 8 trims an
-update were ~4% of the update's time (cProfile, 512 rows a rank, 1 thread). Through the pipeline
+heap is under TRIM_AT_LEAST (128 MiB) is not trimmed: the embedded default's leave ~60 MiB, and trimming them
+(and faulting the pages back in) made its update x1.38 slower (1,024 rows at 1 thread: 1.30 -> 0.94 s). Through
+the pipeline
 at 2 threads the LoRA step stayed x0.83-0.93 of full fine-tuning's (bench/rl_lora.py, three pairs).
 
 Log-probs (drift check, update) are those of the sampling distribution the rollout used: temperature, then

@@ -11,8 +11,9 @@ over that version's rows and then the current weights again. That forward is the
 time on the embedded default at 1 thread when it ran over every row), so it runs over rl.ahead_drift_fraction
 of the rows (1/8 by default), evenly spaced: a fault of the engine or the weight sync - the wrong weights, the
 wrong temperature - moves every row's log-probs, and the mean over an eighth of a batch's rows shows it as the
-mean over all of them would (tests: a perturbed engine fails the gate at the default). The kept versions are part of the rank's state (`kept-rank<r>.safetensors`), so a resumed run gates
-its first steps as the uninterrupted one does.
+mean over all of them would (tests: a perturbed engine fails the gate at the default). The kept versions are
+part of the rank's state (`kept-rank<r>.safetensors`), so a resumed run gates its first steps as the
+uninterrupted one does.
 
 `KeptVersions` is a part of policy.PolicyWorker (a mixin): it reads the worker's `cfg`, `model`, `version`, `id`,
 `rank` and `log_probs`.
@@ -89,8 +90,9 @@ class KeptVersions:
 
     def drift_at_versions(self, shards: list[TrainBatch], temperature: float) -> tuple[float, float]:
         """(sum of |trainer - rollout| log-prob, tokens) over rl.ahead_drift_fraction of this rank's rows (evenly
-        spaced over its shards), each row's trainer log-probs taken at the version that generated it. Every rank walks the same kept versions (under FSDP2 each forward
-        gathers the model, with every rank), whether or not it has rows of that version."""
+        spaced over its shards), each row's trainer log-probs taken at the version that generated it. Every rank
+        walks the same kept versions (under FSDP2 each forward gathers the model, with every rank), whether or not
+        it has rows of that version."""
         total, tokens = 0.0, 0.0
         for sh in shards:  # a row the walk below would not match must not pass the gate unmeasured
             if sh.versions is None or any(v not in self._kept for v in sh.versions):
