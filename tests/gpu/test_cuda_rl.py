@@ -71,6 +71,10 @@ class Keep:
 
 rl = RLConfig(steps=2, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=6, top_p=0.95, top_k=50,
               kl_coef=0.01, checkpoint_every=0, micro_batch_size=32, remote_timeout_s=300, lr=1e-5)
+AHEAD = sys.argv[3:] == ["ahead"]  # rl.max_staleness 1: generated in the controller's thread during the update
+if AHEAD:
+    from dataclasses import replace
+    rl = replace(rl, steps=3, max_staleness=1, ahead_drift_fraction=1.0)
 md = str(d / "model")
 rollout = RolloutWorker(md, 0, 1, model_cfg=MODEL)
 policy = PolicyWorker(md, rl, 0, 1, model_cfg=MODEL)
@@ -93,11 +97,14 @@ assert p.is_cuda == CUDA and p.dtype == torch.float32, (p.device, p.dtype)
 assert r.is_cuda == CUDA and r.dtype == low and f.is_cuda == CUDA and f.dtype == low, (r.dtype, f.dtype)
 assert dist.get_backend() == ("nccl" if CUDA else "gloo"), dist.get_backend()
 assert policy.model.is_gradient_checkpointing
-assert len(history) == 2 and pg.version == 2
+assert len(history) == rl.steps and pg.version == rl.steps
+if AHEAD:  # bf16 samples of the version before, each gated against the fp32 trainer at that version
+    assert [m.extra["async/staleness_max"] for m in history] == [0.0, 1.0, 1.0], history
 for m in history:
     flat = m.flat()
     assert all(math.isfinite(v) for v in flat.values() if isinstance(v, float)), flat
-    print("STEP", {k: v for k, v in flat.items() if k in ("step", "reward_mean", "drift", "loss", "kl", "grad_norm")})
+    print("STEP", {k: v for k, v in flat.items() if k in ("step", "reward_mean", "drift", "loss", "kl", "grad_norm",
+                                                          "async/staleness_max", "mismatch/kl")})
 print("RESULT ok", torch.cuda.max_memory_allocated() / 2**20)
 """
 
@@ -188,14 +195,15 @@ from posttrain.config import DType
 d, CUDA = Path(sys.argv[1]), sys.argv[2] == "cuda"
 R = recipes.tiny_calculator()  # agent_pipeline's default: 3x3-digit products, the Calculator environment's tool
 MODEL = replace(R.model, dtype=DType.BF16 if CUDA else DType.FP32, gradient_checkpointing=True)
-prepare_dataset(R.data, d / "ds", tasks=TASKS)
-train_tokenizer(tokenizer_training_texts(d / "ds"), R.data.tokenizer.vocab_size, d / "tok",
-                split_words=R.data.tokenizer.split_words)
-t0 = time.perf_counter()
-run_sft(model_cfg=MODEL, sft_cfg=replace(R.sft, steps=R.sft.steps if CUDA else 30, nproc=1, backend=Backend.AUTO,
-        save_every=0, micro_batch_size=R.sft.global_batch_size), tracking_cfg=TrackingConfig(wandb=False, log_every=250),
-        dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
-print("SFT_S", round(time.perf_counter() - t0, 1))
+if not (d / "model" / "config.json").exists():  # made once per device and pytest process (`episodes_folder`)
+    prepare_dataset(R.data, d / "ds", tasks=TASKS)
+    train_tokenizer(tokenizer_training_texts(d / "ds"), R.data.tokenizer.vocab_size, d / "tok",
+                    split_words=R.data.tokenizer.split_words)
+    t0 = time.perf_counter()
+    run_sft(model_cfg=MODEL, sft_cfg=replace(R.sft, steps=R.sft.steps if CUDA else 30, nproc=1, backend=Backend.AUTO,
+            save_every=0, micro_batch_size=R.sft.global_batch_size), tracking_cfg=TrackingConfig(wandb=False, log_every=250),
+            dataset_dir=d / "ds", tokenizer_dir=d / "tok", base_model_dir=None, out_dir=d / "model", state_dir=d / "state")
+    print("SFT_S", round(time.perf_counter() - t0, 1))
 
 class Keep:
     def log(self, m): pass
@@ -203,6 +211,10 @@ class Keep:
 
 rl = replace(R.rl, steps=20 if CUDA else 2, prompts_per_step=64 if CUDA else 8, checkpoint_every=0,
              remote_timeout_s=300)
+MODE = sys.argv[3] if len(sys.argv) > 3 else "sync"  # "ahead": generated ahead; "ahead-switch": and taking the
+AHEAD = MODE != "sync"                                 # next version between their turns
+if AHEAD:
+    rl = replace(rl, max_staleness=1, new_weights_between_turns=MODE == "ahead-switch")
 md, t = str(d / "model"), rl.remote_timeout_s
 rollout = RolloutWorker(md, 0, 1, model_cfg=MODEL)
 policy = PolicyWorker(md, rl, 0, 1, model_cfg=MODEL)
@@ -242,6 +254,13 @@ assert all(len(i) == len(m) for i, m in zip(traj.response_ids, traj.sampled))
 acc = [m.flat().get("accuracy", m.flat()["reward_mean"]) for m in history]
 print("ACC first3", round(sum(acc[:3]) / 3, 3) if CUDA else acc, "last5", round(sum(acc[-5:]) / 5, 3) if CUDA else "")
 print("CALLS last", history[-1].flat()["env/tool_calls_mean"], "RL_S", round(rl_s, 1))
+if AHEAD:
+    print("MODE", MODE, "STALENESS_MEAN", [round(m.extra["async/staleness_mean"], 3) for m in history])
+    assert all(m.drift < rl.drift_threshold for m in history), [m.drift for m in history]
+if MODE == "ahead-switch":
+    switched = [m.extra["async/switched_rows"] for m in history]
+    print("SWITCHED", [round(x, 3) for x in switched])
+    assert switched[0] == 0 and all(x > 0 for x in switched[1:]), switched
 if CUDA:  # learning when to call the tool: the sloppy teacher's in-head answers are replaced by calls
     assert sum(acc[-5:]) / 5 > sum(acc[:3]) / 3 + 0.1, acc
 for w in envs:
@@ -269,15 +288,21 @@ print("RESULT ok")
 
 
 @pytest.fixture(scope="module")
+def episodes_folder(tmp_path_factory):
+    """device -> a folder whose calculator SFT model the episodes cases share (EPISODES makes it on first use)."""
+    return {d: tmp_path_factory.mktemp(f"gpu-episodes-{d}") for d in ("cpu", "cuda")}
+
+
+@pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """device -> a folder whose SFT model the in-process cases share (PREPARE makes it on first use)."""
     return {d: tmp_path_factory.mktemp(f"gpu-rl-{d}") for d in ("cpu", "cuda")}
 
 
-def _run(script: str, tmp_path: Path, device: str) -> str:
+def _run(script: str, tmp_path: Path, device: str, *args: str) -> str:
     path = os.pathsep.join(x for x in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if x)
     env = {**os.environ, "PYTHONPATH": path, **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
-    p = subprocess.run([sys.executable, "-c", script, str(tmp_path), device], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path), device, *args], capture_output=True, text=True,
                        timeout=900, cwd=ROOT, env=env, check=False)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert "RESULT ok" in p.stdout
@@ -303,12 +328,36 @@ def test_lora_rl_steps_with_the_policy_generating_in_process(prepared, device):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("device", DEVICES)
-def test_grpo_on_calculator_episodes_in_process(tmp_path, device):
+def test_grpo_on_calculator_episodes_in_process(episodes_folder, device):
     """agent_pipeline's RL on one GPU: multi-turn episodes of the calculator task through two environment
     workers (each a sandboxed tool process) with the real rollout, reward, reference and policy workers; bf16
     rollouts, fp32 policy on NCCL. On the GPU the full recipe's SFT and 20 steps of 64 x 8 episodes, where the
     training accuracy must rise; on the CPU the same script for 2 steps after a short SFT."""
-    out = _run(EPISODES, tmp_path, device)
+    out = _run(EPISODES, episodes_folder[device], device)
+    print(out[-2500:])
+
+
+CUDA_ONLY = [p for p in DEVICES if p.id == "cuda"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("device", CUDA_ONLY)
+def test_rl_steps_generated_ahead_in_process(prepared, device):
+    """rl.max_staleness 1 on one GPU: the bf16 rollout generates the next step's samples in the controller's
+    thread while the fp32 policy updates, and the drift gate measures every row against the trainer at the version
+    that generated it. (The CPU path of the same code runs in tests/unit/test_async_rl.py.)"""
+    out = _run(IN_PROCESS, prepared[device], device, "ahead")
+    print(out[-1500:])
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("device", CUDA_ONLY)
+@pytest.mark.parametrize("mode", ["ahead", "ahead-switch"])
+def test_calculator_episodes_generated_ahead(episodes_folder, device, mode):
+    """The episodes case with rl.max_staleness 1, and with rl.new_weights_between_turns: each draw's later turns
+    are sampled by the version the update publishes meanwhile (async/switched_rows > 0 after the first step); every
+    token gated at its own version, and the training accuracy still rises. (CPU: tests/unit/test_async_episodes.py.)"""
+    out = _run(EPISODES, episodes_folder[device], device, mode)
     print(out[-2500:])
 
 

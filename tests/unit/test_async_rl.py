@@ -207,6 +207,8 @@ def test_the_real_policy_refuses_a_row_beyond_the_bound(folders, world_of_one):
      "rl.max_staleness: 1 generates ahead of the update, in rollout workers of their own"),
     ('{"rl": {"ahead_drift_fraction": 0.5}}', "rl.ahead_drift_fraction: only applies to samples generated ahead"),
     ('{"rl": {"max_staleness": 1, "ahead_drift_fraction": 0}}', "rl.ahead_drift_fraction: must be in (0, 1]"),
+    ('{"rl": {"max_staleness": 1, "new_weights_between_turns": true}}',
+     "rl.new_weights_between_turns: only applies to multi-turn episodes"),
 ])
 def test_the_bound_is_checked_at_plan(overrides, message):
     from posttrain.config import ConfigError

@@ -131,6 +131,9 @@ def _check_episodes(r: RLConfig, m: ModelConfig, p: PlacementConfig) -> None:
     _check(p.environment_workers >= 1, "placement.environment_workers", "must be >= 1")
     _check(p.environment_workers == 1 or bool(r.environment or r.tools), "placement.environment_workers",
            "only means something with rl.environment or rl.tools set")
+    _check(not r.new_weights_between_turns or (r.max_staleness > 0 and bool(r.environment or r.tools)),
+           "rl.new_weights_between_turns", "only applies to multi-turn episodes (rl.environment or rl.tools) "
+           "generated ahead of the update (rl.max_staleness > 0): otherwise no update happens during an episode")
     if r.environment or r.tools:
         _check(r.overlong_buffer == 0, "rl.overlong_buffer",
                "must be 0 with multi-turn episodes: DAPO's overlong punishment reads one completion's length")

@@ -212,6 +212,17 @@ class RLConfig:
     is measured at the version that generated them: that check is one extra no-grad forward per step with the
     kept weights of that version (the synchronous loop's is free), so it runs over 1/8 of the rows by default.
     1.0: every row. Only read when generating ahead."""
+    new_weights_between_turns: bool = False
+    """With rl.max_staleness > 0 and multi-turn episodes (rl.environment / rl.tools): a draw's episodes take the
+    next policy version between their first and second turn, so their later turns carry one version of lag fewer
+    (posttrain.rl.ahead). Which version an episode's turn is sampled by still follows the order of draws, never
+    timing: a draw launched with version v samples its first turn with v and its later turns with v + 1 when v +
+    1's weight load is the next rollout call queued after it (a GRPO step's; not when another draw was launched
+    first, as DAPO's extra draws and the first k are), waiting at the first turn's end for that version to be
+    published. So a run and its resume stay reproducible, and every token carries the version that sampled it
+    (Trajectories.token_versions; the bound, the drift gate and async/staleness_mean read them). The price: with
+    k = 1 the later turns wait for the update, so only the first turn overlaps it. False: an episode keeps the
+    weights it started with."""
     drift_threshold: float = 0.05
     """Fail when mean |rollout logprob - policy logprob| over the same tokens exceeds this."""
     mismatch_correction: MismatchCorrection = MismatchCorrection.OFF

@@ -161,6 +161,9 @@ class Episode:
     """The episode's own reward (`get_reward()`), read when it ended; None without one."""
     transcript: list[tuple[str, str]] = field(default_factory=list)
     """(who, text) in order: ("policy", turn text), ("tool", result), ("env", observation)."""
+    turn_starts: list[int] = field(default_factory=list)
+    """Where each sampled turn begins in response_ids: turn j was sampled by the engine's j-th `generate` call
+    of the episodes (every turn is one call for all episodes still going)."""
     final_text: str = ""
     """The last sampled turn's text: what a verifier or reward function scores."""
 
@@ -281,6 +284,7 @@ def _sampled_turn(ep: Episode, g, layout: EpisodeLayout, limits: EpisodeLimits) 
     """Append one sampled turn. True: it ended the turn at a turn-stop, so the environment answers it."""
     room = limits.max_total_tokens - len(ep.response_ids)
     ids, lps = list(g.response_ids[:room]), list(g.logprobs[:room])
+    ep.turn_starts.append(len(ep.response_ids))
     ep.response_ids += ids
     ep.logprobs += lps
     ep.sampled += [1] * len(ids)

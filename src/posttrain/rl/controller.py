@@ -37,6 +37,7 @@ from posttrain.rl.ahead import Ahead, AheadRollout
 from posttrain.rl.loops import ALGORITHMS
 from posttrain.rl.loops.common import NonFiniteError, RewardFailureError, StepRun  # noqa: F401 - re-exported
 from posttrain.rl.metrics import StepMetrics, step_metrics
+from posttrain.rl.ragged import per_token_versions
 from posttrain.rl.roles.registry import scoring_groups, uses_reference
 from posttrain.rl.state import Checkpointer, PromptSampler
 from posttrain.rl.weight_sync import verify_reports
@@ -106,13 +107,19 @@ class Controller:
         return _timed(phase_s, name)
 
     def _ahead_metrics(self, traj) -> dict[str, float]:
-        """async/staleness_mean and _max: versions between the step's policy and the ones that generated its
-        samples, over their sampled tokens (a row's tokens carry its version); async/in_flight: draws generating."""
-        rollout, versions = traj.response_ids, traj.versions or [traj.policy_version] * len(traj.response_ids)
-        tokens = [sum(m) for m in traj.sampled] if traj.sampled is not None else [len(r) for r in rollout]
-        lag = [self.version - v for v in versions]
-        return {"async/staleness_mean": sum(t * x for t, x in zip(tokens, lag)) / max(sum(tokens), 1),
-                "async/staleness_max": float(max(lag)), "async/in_flight": float(self.ahead.in_flight())}
+        """async/staleness_mean and _max: versions between the step's policy and the ones that sampled its
+        tokens, over the sampled tokens (per_token_versions); async/in_flight: draws generating; with
+        rl.new_weights_between_turns, async/switched_rows: the share of rows whose episode took a new version
+        between its turns."""
+        per_token = per_token_versions(traj)
+        masks = traj.sampled if traj.sampled is not None else [[1] * len(r) for r in traj.response_ids]
+        lags = [self.version - v for row, mask in zip(per_token, masks) for v, m in zip(row, mask) if m]
+        row_lag = [self.version - v for v in traj.versions or [traj.policy_version] * len(traj.response_ids)]
+        out = {"async/staleness_mean": sum(lags) / max(len(lags), 1),
+               "async/staleness_max": float(max(lags + row_lag)), "async/in_flight": float(self.ahead.in_flight())}
+        if self.cfg.new_weights_between_turns:
+            out["async/switched_rows"] = sum(len(set(row)) > 1 for row in per_token) / max(len(per_token), 1)
+        return out
 
     def _push_weights(self, version: int, checksum: str | None = None) -> None:
         """Hand the policy's weights to every rollout worker; each must report back exactly this version and
@@ -131,7 +138,7 @@ class Controller:
             verify_reports(handle, rollout.load_weights(handle), rollout.identities())
 
         if self.ahead:
-            self.ahead.push(load)
+            self.ahead.push(version, load)
         else:
             load()
 

@@ -26,6 +26,16 @@ def take_rows(record: R, rows: Sequence[int]) -> R:
     return dataclasses.replace(record, **{k: [v[i] for i in rows] for k, v in lists.items()})
 
 
+def per_token_versions(record) -> list[list[int]]:
+    """The policy version that sampled each response token of a Trajectories or TrainBatch: its
+    `token_versions` when an episode spanned a weight update, else each row's `versions` entry, else the
+    record's `policy_version` for every token."""
+    if getattr(record, "token_versions", None) is not None:
+        return record.token_versions
+    rows = record.versions if record.versions is not None else [record.policy_version] * len(record.response_ids)
+    return [[v] * len(r) for v, r in zip(rows, record.response_ids)]
+
+
 def trained_tokens(record, i: int) -> int:
     """Row i's tokens a loss (or a token count) is over: the ones the policy sampled (`sampled`, multi-turn
     episodes) when the record has that mask, else its whole response."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from posttrain.config import RLConfig
-from posttrain.rl.ragged import loss_mask
+from posttrain.rl.ragged import loss_mask, per_token_versions
 from posttrain.rl.roles.protocols import Generates, GivesLogProbs, Scorer, ScoresWithFunctions, TrainsPolicy
 from posttrain.rl.types import LogProbs, PromptBatch, Rewards, TrainBatch, Trajectories, UpdateStats
 from posttrain.rl.weight_sync import drift_gate
@@ -106,8 +106,8 @@ def generate(rollout: Generates, prompts: PromptBatch, cfg: RLConfig, run: StepR
                                 max_new_tokens=cfg.max_new_tokens, seed=run.seed, top_p=cfg.top_p, top_k=cfg.top_k)
     if cfg.max_staleness == 0:
         expect_version("rollout", traj.policy_version, run.version)
-    else:  # generated ahead (rl/ahead.py): by the step's version or at most rl.max_staleness before it
-        for v in traj.versions if traj.versions is not None else [traj.policy_version]:
+    else:  # generated ahead (rl/ahead.py): by the step's version or at most rl.max_staleness before it, per token
+        for v in sorted({v for row in per_token_versions(traj) for v in row} | set(traj.versions or [])):
             if not 0 <= run.version - v <= cfg.max_staleness:
                 raise RuntimeError(f"rollout: produced by policy version {v} for step {run.step} at version "
                                    f"{run.version}: more than rl.max_staleness = {cfg.max_staleness} behind")

@@ -22,7 +22,7 @@ import torch
 from posttrain.rl.algorithms.pg import overlong_penalty
 from posttrain.rl.loops.common import StepOutcome, StepRun, generate, reference_logprobs, score, update_policy
 from posttrain.rl.loops.grpo import GRPO
-from posttrain.rl.ragged import take_rows
+from posttrain.rl.ragged import per_token_versions, take_rows
 from posttrain.rl.types import PromptBatch, Rewards, TrainBatch, Trajectories
 
 
@@ -80,7 +80,7 @@ class DAPO(GRPO):
                            response_ids=batch_traj.response_ids, old_logprobs=batch_traj.logprobs,
                            ref_logprobs=ref.values if ref else None, advantages=adv, loss=self.loss,
                            loss_agg=self.loss_agg, sampled=batch_traj.sampled,
-                           versions=batch_traj.versions)
+                           versions=batch_traj.versions, token_versions=batch_traj.token_versions)
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
         return StepOutcome(traj=all_traj, rewards=all_rewards, ref=ref, stats=stats, extra=extra)
 
@@ -88,6 +88,8 @@ class DAPO(GRPO):
 def concat(parts: list[Trajectories]) -> Trajectories:
     """The trajectories of several draws at one version, in order: every per-row list joined (take_rows' rule: the
     list fields are the rows), group indices kept distinct across draws, compute time and each sub-phase's summed."""
+    if any(t.token_versions is not None for t in parts):  # one draw's episodes spanned a weight update: all per token
+        parts = [dataclasses.replace(t, token_versions=per_token_versions(t)) for t in parts]
     rows = [f.name for f in dataclasses.fields(Trajectories) if isinstance(getattr(parts[0], f.name), list)]
     out: dict[str, list] = {f: [] for f in rows}
     offset = 0

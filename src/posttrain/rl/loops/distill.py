@@ -65,7 +65,7 @@ class OnPolicyDistill(Loop):
         batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                            old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None,
                            advantages=rows_of(adv, traj.response_ids), sampled=traj.sampled,
-                           versions=traj.versions)
+                           versions=traj.versions, token_versions=traj.token_versions)
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
         k = reverse_kl[mask]
         extra = {"distill/reverse_kl": float(k.mean()), "distill/reverse_kl_max": float(k.max()),

@@ -59,6 +59,6 @@ class GRPO(Loop):
         batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                            old_logprobs=traj.logprobs, ref_logprobs=ref.values if ref else None, advantages=adv,
                            loss=self.loss, loss_agg=self.loss_agg, sampled=traj.sampled,
-                           versions=traj.versions)
+                           versions=traj.versions, token_versions=traj.token_versions)
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
         return StepOutcome(traj=traj, rewards=rewards, ref=ref, stats=stats, extra=reward_metrics)

@@ -95,7 +95,7 @@ class PPO(Loop):
                                response_ids=traj.response_ids, old_logprobs=traj.logprobs,
                                ref_logprobs=ref.values if ref is not None and not cfg.kl_in_reward else None,
                                advantages=rows_of(adv, traj.response_ids), sampled=traj.sampled,
-                               versions=traj.versions)
+                               versions=traj.versions, token_versions=traj.token_versions)
             stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
 
         extra = {"critic/value_loss": cstats.value_loss, "critic/clip_fraction": cstats.clip_fraction,

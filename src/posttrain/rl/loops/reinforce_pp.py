@@ -58,7 +58,7 @@ class ReinforcePP(Loop):
         check_finite("advantages", adv[mask].tolist(), step=run.step)
         batch = TrainBatch(policy_version=run.version, prompt_ids=traj.prompt_ids, response_ids=traj.response_ids,
                            old_logprobs=traj.logprobs, ref_logprobs=None, advantages=rows_of(adv, traj.response_ids),
-                           sampled=traj.sampled, versions=traj.versions)
+                           sampled=traj.sampled, versions=traj.versions, token_versions=traj.token_versions)
         stats = update_policy(r.policy, batch, cfg, run, rollout=r.rollout)
         extra = {**advantage_metrics(adv, mask), **reward_metrics}
         if kl is not None:

@@ -15,6 +15,7 @@ sampled turn - what the verifier or reward function scores.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from posttrain.config import EpisodeConfig, RewardConfig, RLConfig
@@ -29,12 +30,20 @@ from posttrain.rl.types import PromptBatch, Trajectories, WeightReport, WeightsH
 
 class _TurnSampler:
     """The rollout group as the episodes' Sampler: a turn's contexts (token ids) as a PromptBatch at the
-    step's version, the samples back as Generations; the workers' compute time summed over turns."""
+    step's version, the samples back as Generations; the workers' compute time summed over turns.
+    `between_turns` (rl.new_weights_between_turns, from rl/ahead.py): called before every turn after the first,
+    it returns the version the rollout workers now hold for it (having loaded a newer one, or not)."""
 
-    def __init__(self, rollout: Generates, version: int):
+    def __init__(self, rollout: Generates, version: int, between_turns: Callable[[], int] | None = None):
         self.rollout, self.version, self.compute_s = rollout, version, 0.0
+        self.between_turns = between_turns
+        self.turn_versions: list[int] = []
+        """The version that sampled each turn (the engine's j-th call)."""
 
     def generate(self, prompts, *, n, temperature, max_new_tokens, seed, top_p=1.0, top_k=0) -> list[Generation]:
+        if self.turn_versions and self.between_turns is not None:
+            self.version = self.between_turns()
+        self.turn_versions.append(self.version)
         k = len(prompts)
         batch = PromptBatch(policy_version=self.version, example_ids=[-1] * k, prompt_ids=[list(p) for p in prompts],
                             answers=[None] * k, tasks=[None] * k, messages=[[] for _ in range(k)],
@@ -115,9 +124,10 @@ class EpisodeRollout:
         return self.rollout.load_weights(weights)
 
     def generate(self, prompts: PromptBatch, *, n: int, temperature: float, max_new_tokens: int, seed: int,
-                 top_p: float = 1.0, top_k: int = 0) -> Trajectories:
-        """n episodes per prompt; `max_new_tokens` is each sampled turn's limit (rl.max_new_tokens)."""
-        sampler = _TurnSampler(self.rollout, prompts.policy_version)
+                 top_p: float = 1.0, top_k: int = 0, between_turns: Callable[[], int] | None = None) -> Trajectories:
+        """n episodes per prompt; `max_new_tokens` is each sampled turn's limit (rl.max_new_tokens);
+        `between_turns`: see _TurnSampler (the trajectories then say which version sampled each token)."""
+        sampler = _TurnSampler(self.rollout, prompts.policy_version, between_turns)
         limits = episode_limits(self.episode, max_new_tokens)
         rows = [episode_row(cols, a) for cols, a in zip(prompts.columns, prompts.answers)]
         env = _TimedEnv(self.environment)
@@ -143,8 +153,20 @@ class EpisodeRollout:
             compute_s=sampler.compute_s + env_compute, sampled=[e.sampled for e in eps],
             notes=[EpisodeNotes(turns=e.turns, tool_calls=e.tool_calls, failures=dict(e.tool_failures),
                                 reward=sum(e.step_rewards) + (e.env_reward or 0.0) if own else None) for e in eps],
-            sub_phase_s={"environment": env.seconds},
+            sub_phase_s={"environment": env.seconds}, token_versions=_token_versions(eps, sampler.turn_versions),
             transcripts=tuple((i, tuple(eps[i].transcript)) for i in range(0, min(len(eps), EPISODES_SAMPLED * n), n)))
+
+
+def _token_versions(eps, turn_versions: list[int]) -> list[list[int]] | None:
+    """Per response token, the version of the turn it belongs to (the environment's answer: the turn before
+    it); None when every turn was sampled by one version."""
+    if len(set(turn_versions)) <= 1:
+        return None
+    out = []
+    for e in eps:
+        ends = e.turn_starts[1:] + [len(e.response_ids)]
+        out.append([turn_versions[j] for j, (a, b) in enumerate(zip(e.turn_starts, ends)) for _ in range(b - a)])
+    return out
 
 
 def compose(rl: RLConfig, reward: RewardConfig, start_model_dir: str, groups: dict[str, Any],
