@@ -167,6 +167,6 @@ def test_a_draw_waiting_between_turns_is_released_when_the_run_closes():
     ahead.start(0)  # draw 0 waits at its second turn for the call queued after it: none comes
     closer = threading.Timer(0.5, ahead.close)
     closer.start()
-    with pytest.raises(RuntimeError, match="closed while draw 0's episodes waited between their turns"):
+    with pytest.raises(RuntimeError, match="closed while draw 0 waited between two of its turns"):
         ahead.queue[0].result.result(timeout=30)
     closer.join()

@@ -175,11 +175,10 @@ class Ahead:
         t = self.cfg.remote_timeout_s
         with self._cond:
             if not self._cond.wait_for(lambda: index in self._after or self._closed, timeout=t):
-                raise TimeoutError(f"stage rollout (ahead): draw {index}'s episodes waited {t:.0f} s between their "
-                                   "turns for the controller to queue the next weight load or draw "
-                                   "(rl.remote_timeout_s)")
+                raise TimeoutError(f"stage rollout (ahead): draw {index} waited {t:.0f} s between two of its turns "
+                                   "for the controller to queue the next weight load or draw (rl.remote_timeout_s)")
             if index not in self._after:
-                raise RuntimeError(f"rollout ahead: closed while draw {index}'s episodes waited between their turns")
+                raise RuntimeError(f"rollout ahead: closed while draw {index} waited between two of its turns")
             after = self._after[index]
         if after == _GENERATION:
             return version
