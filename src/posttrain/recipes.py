@@ -32,6 +32,7 @@ from posttrain.config import (
     apply_overrides,
     validate,
 )
+from posttrain.config.advice import lora_lr_notes
 from posttrain.config.algorithm_defaults import apply_algorithm_defaults, describe_taken, explicit_settings
 from posttrain.config.checks import DENSE
 from posttrain.config.serialize import parse_overrides
@@ -346,6 +347,10 @@ WORKFLOW_SECTIONS: dict[str, tuple[str, ...]] = {
 selection by pass rate before RL); others: none."""
 
 
+RL_WORKFLOWS = ("pipeline", "agent_pipeline", "rlhf_pipeline", "retrain")
+"""The workflows that run the RL stage (the others never read the rl section's learning rate)."""
+
+
 def resolve(recipe: str = "tiny_cpu", overrides: str | dict = "", *, workflow: str | None = None) -> PipelineConfig:
     """The validated config for recipe `recipe` with JSON `overrides` applied. `workflow` (the Flyte workflow
     that runs it) limits the dense sections checked to the ones it uses; None checks every section."""
@@ -364,7 +369,8 @@ def resolve_with_notes(recipe: str = "tiny_cpu", overrides: str | dict = "", *,
     cfg = apply_overrides(base, overrides)
     cfg, taken = apply_algorithm_defaults(cfg, explicit_settings(base, parse_overrides(overrides)))
     notes = [describe_taken(cfg, taken)] if taken else []
-    return validate(same_ranks(cfg), sections), notes
+    cfg = validate(same_ranks(cfg), sections)
+    return cfg, notes + lora_lr_notes(cfg, sections, rl_runs=workflow is None or workflow in RL_WORKFLOWS)
 
 
 def same_ranks(cfg: PipelineConfig) -> PipelineConfig:

@@ -100,3 +100,23 @@ def test_every_declared_default_names_an_rl_setting_of_its_type_and_its_source()
             assert d.source.strip(), f"{algorithm.value}: rl.{name} needs its source"
         cfg = replace(PipelineConfig(), rl=replace(RLConfig(), algorithm=algorithm))
         validate(apply_algorithm_defaults(cfg, set())[0], ())  # an algorithm's defaults pass its own checks
+
+
+def test_a_lora_stage_far_below_what_adapters_need_is_warned_about_at_plan():
+    """small_instruct_cpu's full fine-tune rates with adapters: SFT 1e-5 and RL 1e-6 are each named; RL only where
+    the workflow runs it; SFT of a from-scratch model trains every weight, so its rate is not an adapter's."""
+    from posttrain.config.advice import LORA_LR_FLOOR
+
+    lora = {"model": {"lora": {}}}
+    _, notes = resolve_with_notes("small_instruct_cpu", lora)  # its full fine-tune's sft.lr 1e-5, rl.lr 1e-6
+    assert [n.split(",")[0] for n in notes] == ["warning: model.lora trains adapters with sft.lr = 1e-05",
+                                                "warning: model.lora trains adapters with rl.lr = 1e-06"], notes
+    assert "Raise rl.lr (e.g. 2e-4)" in notes[1]
+    _, notes = resolve_with_notes("small_instruct_cpu", lora, workflow="sft_pipeline")
+    assert len(notes) == 1 and "sft.lr" in notes[0]  # no RL in that workflow
+    _, notes = resolve_with_notes("small_instruct_cpu", {**lora, "sft": {"lr": 2e-4}, "rl": {"lr": LORA_LR_FLOOR}})
+    assert notes == []
+    _, notes = resolve_with_notes("small_instruct_cpu")
+    assert notes == []  # no adapters: a full fine-tune's rates are the user's business
+    _, notes = resolve_with_notes("tiny_cpu", {**lora, "sft": {"lr": 1e-6}, "rl": {"lr": 3e-4}})
+    assert notes == []  # SFT from scratch trains every weight; RL's rate is an adapter's
