@@ -180,7 +180,7 @@ class Ahead:
             if index not in self._after:
                 raise RuntimeError(f"rollout ahead: closed while draw {index} waited between two of its turns")
             after = self._after[index]
-        if after == _GENERATION:
+        if after is _GENERATION:
             return version
         after()  # the next version's load and its check, before the queue's own turn for it (which then returns)
         return after.version

@@ -36,6 +36,11 @@ def per_token_versions(record) -> list[list[int]]:
     return [[v] * len(r) for v, r in zip(rows, record.response_ids)]
 
 
+def all_versions(record) -> set[int]:
+    """Every policy version a record's tokens and rows name (per_token_versions and `versions`)."""
+    return {v for row in per_token_versions(record) for v in row} | set(record.versions or [])
+
+
 def trained_tokens(record, i: int) -> int:
     """Row i's tokens a loss (or a token count) is over: the ones the policy sampled (`sampled`, multi-turn
     episodes) when the record has that mask, else its whole response."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from posttrain.config import RLConfig
-from posttrain.rl.ragged import loss_mask, per_token_versions
+from posttrain.rl.ragged import all_versions, loss_mask
 from posttrain.rl.roles.protocols import Generates, GivesLogProbs, Scorer, ScoresWithFunctions, TrainsPolicy
 from posttrain.rl.types import LogProbs, PromptBatch, Rewards, TrainBatch, Trajectories, UpdateStats
 from posttrain.rl.weight_sync import drift_gate
@@ -107,7 +107,7 @@ def generate(rollout: Generates, prompts: PromptBatch, cfg: RLConfig, run: StepR
     if cfg.max_staleness == 0:
         expect_version("rollout", traj.policy_version, run.version)
     else:  # generated ahead (rl/ahead.py): by the step's version or at most rl.max_staleness before it, per token
-        for v in sorted({v for row in per_token_versions(traj) for v in row} | set(traj.versions or [])):
+        for v in sorted(all_versions(traj)):
             if not 0 <= run.version - v <= cfg.max_staleness:
                 raise RuntimeError(f"rollout: produced by policy version {v} for step {run.step} at version "
                                    f"{run.version}: more than rl.max_staleness = {cfg.max_staleness} behind")

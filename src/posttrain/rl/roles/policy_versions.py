@@ -8,8 +8,9 @@ rollout's log-probs and the trainer AT THE VERSION THAT GENERATED them. So each 
 the weights it starts from (the trained tensors only: a LoRA rank's adapters; under FSDP2 the rank's shards), on
 the CPU, for the last k + 1 versions; the drift gate puts each row's version back in for one no-grad forward
 over that version's rows and then the current weights again (an episode that took a new version between its
-turns, rl.new_weights_between_turns, is measured once per version, each token at the version that sampled it). That forward is the gate's price (x1.33 the update's
-time on the embedded default at 1 thread when it ran over every row), so it runs over rl.ahead_drift_fraction
+turns, rl.new_weights_between_turns, is measured once per version, each token at the version that sampled it).
+That forward is the gate's price (x1.33 the update's time on the embedded default at 1 thread when it ran over
+every row), so it runs over rl.ahead_drift_fraction
 of the rows (1/8 by default), evenly spaced: a fault of the engine or the weight sync - the wrong weights, the
 wrong temperature - moves every row's log-probs, and the mean over an eighth of a batch's rows shows it as the
 mean over all of them would (tests: a perturbed engine fails the gate at the default). The kept versions are
@@ -30,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from posttrain.artifacts.state import read_file, write_file
-from posttrain.rl.ragged import per_token_versions
+from posttrain.rl.ragged import all_versions, per_token_versions
 from posttrain.rl.types import TrainBatch
 from posttrain.spmd import parallel
 
@@ -99,13 +100,12 @@ class KeptVersions:
         walks the same kept versions (under FSDP2 each forward gathers the model, with every rank), whether or not
         it has rows of that version."""
         total, tokens = 0.0, 0.0
-        per_token = {}
         for sh in shards:  # a token the walk below would not match must not pass the gate unmeasured
-            per_token[id(sh)] = per_token_versions(sh) if sh.versions is not None else None
-            seen = None if sh.versions is None else {v for row in per_token[id(sh)] for v in row} | set(sh.versions)
+            seen = None if sh.versions is None else all_versions(sh)
             if seen is None or not seen <= set(self._kept):
                 raise RuntimeError(f"{self.id}: a train batch generated ahead must name every row's version, one of "
                                    f"the kept {sorted(self._kept)}; got {None if seen is None else sorted(seen)}")
+        per_token = {id(sh): per_token_versions(sh) for sh in shards}
         measured = _evenly_spaced([(sh, i) for sh in shards for i in range(len(sh.versions or []))],
                                   self.cfg.ahead_drift_fraction)
         for v in sorted(self._kept):  # a row whose episode took a new version between turns: once per version
