@@ -18,7 +18,10 @@ split as its evaluation set. Every config is scored on the validation split only
 questions) is built so that train and validation leave it out and is never read, so pass bench/real_model.py's
 split options to score on its validation split and keep its test split unseen. Refused before anything runs: an
 OUT/ds this sweep did not prepare on the validation split (made before the three splits or by another script:
-`--out`), or prepared with other data options; `--eval-n` beyond `--validation-n`; a config that sets `data`.
+`--out`), or prepared with other data options; `--eval-n` beyond `--validation-n`; a config that sets `data`
+beyond `data.pass_rate`. A config with `{"data": {"pass_rate": {"enabled": true, ...}}}` trains on the train
+prompts its start model's pass rate keeps, as the pipeline's select_prompts stage does (posttrain.eval.pass_rate,
+sampled with the config's rl settings, measured in its own process before step 0; the counts are a JSON line).
 The reward is the family's rule in plain Python, so it runs where reasoning-gym is not installed (the GPU
 machine): arithmetic, reward `number`'s - the completion's last number equals the answer as a decimal, which is
 what reasoning-gym's chain_sum scorer computes for it (`compute_decimal_reward`); spelling, reward `word`'s 1.0 -
@@ -29,7 +32,9 @@ reward is 1.0.
 
 Prints one JSON line per evaluation: config name, step, validation greedy accuracy, and the mean train accuracy,
 entropy and response length over the steps since the last evaluation (each config's log in OUT/logs also has every
-step). Not a substitute for bench/real_model.py: no Flyte, no merged-model evaluation, and a GPU's float rounding is
+step). Every config appends the same lines to OUT/evaluations.jsonl as it goes: one file holds the whole sweep,
+kept when a time limit stops it (a lent GPU's call returns a bounded number of files: on 2026-11-30 it returned
+2 of 8 logs). Not a substitute for bench/real_model.py: no Flyte, no merged-model evaluation, and a GPU's float rounding is
 not this CPU's. Its step-0 accuracy is the pipeline's: 0.227 on the 256 validation problems of the arithmetic
 family, as the pipeline's evaluation of the folder on its held-out set before the three splits (the same problems).
 
@@ -154,6 +159,7 @@ def _controller(spec: dict, args):
     over["rl"] = {**over.get("rl", {}), "steps": args.steps, "checkpoint_every": 0}
     cfg = resolve(args.recipe, over)
     rl, md = cfg.rl, str(args.model)
+    data_dir = _selected(cfg, args, spec.get("name", "config")) if cfg.data.pass_rate.enabled else args.out / "ds"
     policy = PolicyWorker(md, rl, 0, 1, model_cfg=cfg.model, threads=args.threads)
     reward = RewardWorker(cfg.reward, 0, 1)
     torch.set_num_threads(args.threads)  # each worker sets the process's torch threads; the reward's 1 came last
@@ -164,12 +170,37 @@ def _controller(spec: dict, args):
     groups = {"reward": RewardGroup([LocalActor(reward)], [reward.identity()], t), "policy": pg}
     settings = RunSettings(rl=rl, reward=cfg.reward, placement=cfg.placement, model=cfg.model, start_model_dir=md)
     groups.update(served_by_policy(settings, groups))
-    sampler = PromptSampler(read_examples(args.out / "ds", "train"), load_tokenizer(md),
+    sampler = PromptSampler(read_examples(data_dir, "train"), load_tokenizer(md),
                             prompts_per_step=rl.prompts_per_step, seed=rl.seed,
                             max_prompt_len=cfg.model.max_seq_len - rl.max_new_tokens)
     ctrl = Controller(rl, groups, sampler, Keep(), checkpointer=None)
     ctrl.start()
     return cfg, policy, ctrl
+
+
+def _selected(cfg, args, name: str) -> Path:
+    """OUT/selected/<config>: OUT/ds's train prompts kept by the start model's pass rate (data.pass_rate, the
+    pipeline's select_prompts computation, sampled with this config's rl settings), measured afresh for each run."""
+    import re
+    import shutil
+
+    import torch
+
+    from posttrain.eval.pass_rate import select_by_pass_rate
+
+    out = args.out / "selected" / re.sub(r"[^\w.-]+", "_", name)
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    info = select_by_pass_rate(args.model, args.out / "ds", cfg.data.pass_rate, cfg.rl, cfg.reward, out,
+                               device="cuda" if torch.cuda.is_available() else "cpu")
+    line = json.dumps({"name": name, "pass_rate": {"sampled": info.sampled, "kept": info.kept,
+                                                   "never": info.never_solved, "always": info.always_solved,
+                                                   "mean_rate": round(info.mean_rate, 4),
+                                                   "s": round(time.perf_counter() - t0, 1)}})
+    print(line, flush=True)
+    with open(args.out / "evaluations.jsonl", "a") as f:
+        f.write(line + "\n")
+    return out
 
 
 def _validation(policy, args, max_new_tokens: int):
@@ -205,10 +236,13 @@ def one(spec: dict, args) -> None:
     name = spec.get("name", json.dumps(spec.get("rl", {})))
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
-            print(json.dumps({"name": name, "step": step, "validation_greedy": accuracy(),
-                              "train_acc": _mean(since, "accuracy"),
-                              "entropy": _mean(since, "entropy"), "len": _mean(since, "response_len_mean"),
-                              "s": round(time.perf_counter() - t0, 1)}), flush=True)
+            line = json.dumps({"name": name, "step": step, "validation_greedy": accuracy(),
+                               "train_acc": _mean(since, "accuracy"),
+                               "entropy": _mean(since, "entropy"), "len": _mean(since, "response_len_mean"),
+                               "s": round(time.perf_counter() - t0, 1)})
+            print(line, flush=True)
+            with open(args.out / "evaluations.jsonl", "a") as f:  # every config's, one line per write
+                f.write(line + "\n")
             since = []
         if step < args.steps:
             since.append(ctrl.step())
@@ -268,9 +302,10 @@ def checked(args) -> dict:
             task_spec(flag, text)
     check_split(args.split, args.train_task is not None)
     for config in json.loads(args.configs):
-        if "data" in config:
-            raise SystemExit(f"--configs: config {config.get('name', '')!r} sets data; the sweep's data is OUT/ds, "
-                             "its evaluation set the validation split (--family, --task, --split make it)")
+        if set(config.get("data", {})) - {"pass_rate"}:
+            raise SystemExit(f"--configs: config {config.get('name', '')!r} sets data beyond data.pass_rate; the "
+                             "sweep's data is OUT/ds, its evaluation set the validation split (--family, --task, "
+                             "--split make it)")
     Sizes(args.train, args.validation_n, args.test_n)
     return options(args)
 
