@@ -18,7 +18,7 @@ export PYTHONDONTWRITEBYTECODE :=
 PIP    := -m pip install -q --no-compile
 
 .PHONY: install run test lint bench clean real-model install-vllm run-vllm test-vllm lock-vllm install-openenv \
-	test-openenv lock-openenv
+	test-openenv lock-openenv install-docs docs lock-docs
 
 install: $(STAMP)
 
@@ -45,6 +45,8 @@ test: install
 	# The python tool's stronger sandbox (tests/unit/test_python_tool.py tests it and the `unshare -n` fallback).
 	command -v bwrap >/dev/null || (command -v apt-get >/dev/null && apt-get install -y -q bubblewrap) \
 	  || echo "bubblewrap not installed: the python tool's tests use unshare -n only"
+	# The documentation site, built with warnings as errors and checked in chromium (~20 s with its install).
+	$(MAKE) docs
 	# Each stage runs on two xdist workers (one per core), each process with one torch thread: two threads per
 	# process on two busy cores spin in OpenMP's barriers (the shared fixture's SFT: 0.7 steps/s against 2.6).
 	# Stage 1 forks its SPMD ranks from a warm forkserver (tests/ranks.py) and builds the shared fixture at nice -10.
@@ -65,6 +67,38 @@ test: install
 	$(MAKE) test-vllm
 	# The OpenEnv adapter's tests, in the optional extra's own environment (~1.5 min to install).
 	$(MAKE) test-openenv
+
+# The documentation site (docs/conf.py): Sphinx + MyST Markdown + Furo in their own environment .venv-docs, the exact
+# set requirements-docs.lock holds (`make lock-docs` regenerates it); no torch there, the build imports no posttrain
+# code. Every warning fails the build; then docs/check_site.py opens every page in chromium and fails on a broken
+# link, anchor, image or asset. The site is docs/_build/html.
+DOCS_VENV  := .venv-docs
+DOCS_BIN   := $(DOCS_VENV)/bin
+DOCS_PINS  := $(shell cat requirements-docs.lock | sha256sum | cut -c1-16)
+DOCS_STAMP := $(DOCS_VENV)/.installed-$(DOCS_PINS)
+DOCS_TOOLS := sphinx==9.0.4 myst-parser==5.2.0 furo==2025.12.19
+
+install-docs: $(DOCS_STAMP)
+
+$(DOCS_STAMP):
+	@test -x $(DOCS_BIN)/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_BIN)/python $(PIP) --no-deps -r requirements-docs.lock
+	$(DOCS_BIN)/python -m pip check
+	@rm -f $(DOCS_VENV)/.installed-*
+	@touch $(DOCS_STAMP)
+
+docs: install install-docs
+	rm -rf docs/_build
+	$(DOCS_BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	$(BIN)/python docs/check_site.py docs/_build/html
+
+lock-docs:
+	rm -rf .venv-docs-lock && $(PYTHON) -m venv .venv-docs-lock
+	.venv-docs-lock/bin/python -m pip install -q $(DOCS_TOOLS)
+	{ echo "# The documentation site's build tools ($(DOCS_TOOLS)), resolved and frozen by make lock-docs;"; \
+	  echo "# installed with --no-deps into .venv-docs by make install-docs. The build imports no posttrain code: no torch."; \
+	  .venv-docs-lock/bin/python -m pip freeze --all | grep -v -E '^(pip|setuptools|wheel)=='; } > requirements-docs.lock
+	rm -rf .venv-docs-lock
 
 lint: install
 	$(BIN)/ruff check src tasks workflows images rehearsal tests bench
@@ -130,7 +164,7 @@ real-model: install
 	$(BIN)/python -m posttrain.models.smollm2
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(OE_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(OE_VENV) $(DOCS_VENV) docs/_build .pytest_cache
 
 # Optional: OpenEnv environments (rl.environment naming an openenv-core Environment), in their own environment
 # .venv-openenv - never part of `make install`. openenv-core adds ~50 packages (fastapi, gradio, fastmcp, mcp,
