@@ -1,4 +1,4 @@
-"""Every RL algorithm on the embedded default, seeds 0-2. The algorithms table of docs/rl.md comes from this script.
+"""Every RL algorithm on the embedded default, seeds 0-2. The algorithms table of docs/policy-gradient.md comes from this script.
 
     .venv/bin/python bench/algorithms.py                                  # every algorithm, seeds 0 1 2
     .venv/bin/python bench/algorithms.py --seeds 0 --algorithms grpo,rloo  # a subset
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curve-every", type=int, default=10, help="checkpoint (and evaluate) every this many steps")
     ap.add_argument("--home", default=str(Path(tempfile.gettempdir()) / "posttrain-algorithms" / "seed{seed}"),
                     help="the store of each seed ('{seed}' is replaced)")
-    ap.add_argument("--write-readme", action="store_true", help="replace the algorithms table (docs/rl.md)")
+    ap.add_argument("--write-readme", action="store_true", help="replace the algorithms table (docs/policy-gradient.md)")
     ap.add_argument("--json", default="", help="also write the rows here")
     ap.add_argument("--rows-from", nargs="*", default=[], metavar="JSON",
                     help="rows of earlier runs (their --json files) to put in the table beside this run's: for a bench "

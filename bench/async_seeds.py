@@ -1,6 +1,6 @@
 """Rollout ahead of the update on the embedded default over seeds: the synchronous run, in the recipe's placement and
 in one where rollout and policy have a core each, and the async one (rl.max_staleness) in the latter, all from the
-same SFT model, in one run - docs/rl.md's `async_seeds` table comes from this script.
+same SFT model, in one run - docs/async.md's `async_seeds` table comes from this script.
 
     .venv/bin/python bench/async_seeds.py --write-docs            # seeds 0 1 2, staleness 1, placement 1+1
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--staleness", type=int, default=1)
     ap.add_argument("--placement", default=json.dumps(ONE_PLUS_ONE),
                     help="JSON placement settings of the second synchronous run and the async one")
-    ap.add_argument("--write-docs", action="store_true", help="replace docs/rl.md's async_seeds table with this run's")
+    ap.add_argument("--write-docs", action="store_true", help="replace docs/async.md's async_seeds table with this run's")
     args = ap.parse_args(argv)
     placement = json.loads(args.placement)
     k = args.staleness

@@ -6,7 +6,7 @@
     .venv/bin/python bench/default_seeds.py --recipe tiny_cpu_ppo --block ppo_seeds --write-readme   # PPO's table
     .venv/bin/python bench/default_seeds.py --workflow rlhf_pipeline --recipe tiny_cpu_rlhf --block rlhf_seeds
     .venv/bin/python bench/default_seeds.py --workflow agent_pipeline --recipe tiny_calculator --without-environment \
-        --block calculator_seeds --write-readme                  # agentic RL: the calculator's table (docs/rl.md)
+        --block calculator_seeds --write-readme                  # agentic RL: the calculator's table (docs/agents.md)
 
 `--write-readme` replaces the block between `<!-- BLOCK:begin -->` and `<!-- BLOCK:end -->` (`--block`,
 default `default_seeds`, in README.md; the others in the docs page that holds them: `write_block`) with this run's table, spread, command, commit and load average (the README figures are never typed by hand).

@@ -5,7 +5,7 @@
     .venv/bin/python bench/real_model.py --seeds 0 --reward raw --split held_out_first
     .venv/bin/python bench/real_model.py --family spelling  # reasoning-gym spell_backward, reward `word`
     .venv/bin/python bench/real_model.py --validation-n 256 --eval 256 --train 2000   # the split sizes (defaults)
-    .venv/bin/python bench/real_model.py --write-readme     # also rewrite the real_model block (docs/rl.md)
+    .venv/bin/python bench/real_model.py --write-readme     # also rewrite the real_model block (docs/lora.md)
     .venv/bin/python bench/real_model.py --task '{"name": "basic_arithmetic", "max_terms": 2, "max_digits": 2}'
     .venv/bin/python bench/real_model.py --seeds 1 ... --rows-from seed0.log --write-readme  # a seed per run, one table
 
@@ -64,7 +64,7 @@ reference pass, and the update skips the rows without a gradient) collapsed the 
 0.3-0.96) and was stopped after 46 steps. **Made better**: the same recipe as the 60-step runs, trained on the 2-term
 questions (`--train-task '{"name": "chain_sum", "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}'`;
 the held-out set unchanged): 0.227 -> 0.367 (+0.141) for seed 0 in 50.4 min and for seed 1 in 46.2 min, 2-term
-problems 0.418 -> 0.764 / 0.727, 3-term 0.082 -> 0.068 / 0.096 (the table of docs/rl.md, written by this script).
+problems 0.418 -> 0.764 / 0.727, 3-term 0.082 -> 0.068 / 0.096 (the table of docs/lora.md, written by this script).
 """
 
 from __future__ import annotations

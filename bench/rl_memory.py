@@ -1,4 +1,4 @@
-"""Peak memory of an RL run on a real 135M model, per role: the memory figures of docs/guide.md come from this script.
+"""Peak memory of an RL run on a real 135M model, per role: the memory figures of docs/own-model.md come from this script.
 
     .venv/bin/python bench/rl_memory.py                     # small_instruct_cpu, SmolLM2-135M-Instruct, 3 steps
     .venv/bin/python bench/rl_memory.py --steps 2 --overrides '{"rl": {"kl_coef": 0.02}}'

@@ -17,7 +17,7 @@ source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build"]
 
-# Headings up to ### get the anchors GitHub gives them, so `rl.md#ppo` works on the site as on GitHub.
+# Headings up to ### get the anchors GitHub gives them, so `ppo.md#ppo` works on the site as on GitHub.
 myst_heading_anchors = 3
 
 html_theme = "furo"

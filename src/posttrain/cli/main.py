@@ -204,7 +204,7 @@ def add_own_commands(sub) -> None:
     ex.add_argument("id", help="model artifact id or unique prefix")
     ex.add_argument("dir", help="a new (or empty) folder to write the model into")
     ch = sub.add_parser("channels", help="each channel's current model and its promotion decisions")
-    ch.add_argument("--json", action="store_true")
+    ch.add_argument("--json", action="store_true", help="print JSON instead of text")
     pr = sub.add_parser(
         "promote", help="judge a model against a channel's current one on the channel's pinned eval set",
         description="Evaluate MODEL and CHANNEL's current model on the channel's pinned eval set (and guard sets) "
@@ -234,14 +234,19 @@ def add_own_commands(sub) -> None:
         add_debug_flag(p, top=False)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The whole command line (docs/cli.md, the CLI reference, is generated from it by docs/cli_reference.py)."""
     ap = argparse.ArgumentParser(prog="posttrain", description=__doc__.split("\n")[0])
     ap.add_argument("--home", help="store root (default: $POSTTRAIN_HOME or ~/.posttrain)")
     add_debug_flag(ap, top=True)
     sub = ap.add_subparsers(dest="cmd", required=True)
     add_own_commands(sub)
     add_commands(sub)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.cmd not in COMMANDS:
         return run_command(args)
     try:

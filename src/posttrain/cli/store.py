@@ -285,26 +285,26 @@ def _positive(text: str) -> int:
 def add_commands(sub) -> None:
     """The store's subcommands (artifacts, lineage, verify, index), added to an argparse subparsers object."""
     arts = sub.add_parser("artifacts", help="list stored artifacts").add_subparsers(dest="sub", required=True)
-    ls = arts.add_parser("list")
-    ls.add_argument("--kind")
-    ls.add_argument("--run")
-    ls.add_argument("--json", action="store_true")
+    ls = arts.add_parser("list", help="every stored artifact, oldest first: kind, id, name, run, created")
+    ls.add_argument("--kind", help="only artifacts of this kind (dataset, tokenizer, model, eval, ...)")
+    ls.add_argument("--run", help="only artifacts of this run id")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of text")
     rs = sub.add_parser("runs", help="every pipeline run: its stages, artifact ids, eval accuracy, status")
     rs.add_argument("--limit", type=_positive, help="only the N newest runs")
-    rs.add_argument("--json", action="store_true")
+    rs.add_argument("--json", action="store_true", help="print JSON instead of text")
     show = sub.add_parser("show", help="one artifact: manifest, parents, config, files, metrics")
-    show.add_argument("id")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("id", help="artifact id or unique prefix")
+    show.add_argument("--json", action="store_true", help="print JSON instead of text")
     show.add_argument("--html", metavar="FILE", help="also write the artifact's page (its Flyte Deck, with charts) "
                                                     "to FILE, readable offline")
     lin = sub.add_parser("lineage", help="ancestor tree of an artifact")
-    lin.add_argument("id")
-    lin.add_argument("--json", action="store_true")
+    lin.add_argument("id", help="artifact id or unique prefix")
+    lin.add_argument("--json", action="store_true", help="print the tree as nested JSON")
     ver = sub.add_parser("verify", help="re-hash every file of an artifact")
-    ver.add_argument("id")
+    ver.add_argument("id", help="artifact id or unique prefix")
     idx = sub.add_parser("index", help="rebuild the SQLite index from the manifests").add_subparsers(
         dest="sub", required=True)
-    rebuild = idx.add_parser("rebuild")
+    rebuild = idx.add_parser("rebuild", help="re-read every manifest into a new index (the index is only a cache)")
     for p in (ls, rs, show, lin, ver, rebuild):
         add_debug_flag(p, top=False)
 
