@@ -163,8 +163,19 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float]) -
                    f"GRPO model; it trains at lr 2e-4 without warm-up (GRPO and the rest: tiny_cpu's 5e-5 with 10 "
                    f"warm-up steps), and grpo_lr2e-4 is GRPO at those settings. grpo_lora trains only LoRA adapters (rank 16, "
                    f"alpha 32, attention and MLP) at lr 1e-3 without warm-up. Made by {runs}; load average "
-                   f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} when the table was made.")]
+                   f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} when the table was made.{_kept(argv)}")]
     return "\n".join(lines)
+
+
+def _kept(argv: list[str]) -> str:
+    """Where a table made from earlier runs keeps its rows, and the command that remakes it."""
+    if "--rows-from" not in argv:
+        return ""
+    files = [a for a in argv[argv.index("--rows-from") + 1:] if not a.startswith("--")]
+    files = files[:next((i for i, a in enumerate(files) if a.startswith("-")), len(files))]
+    return (f" The rows are kept in {', '.join(f'`{f}`' for f in files)}; `.venv/bin/python bench/algorithms.py "
+            f"--seeds --rows-from {' '.join(files)} --write-readme` remakes this table (a row two files hold comes "
+            "from the one named first).")
 
 
 def _commit() -> str:

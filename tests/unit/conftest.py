@@ -18,7 +18,11 @@ TEXTS = [f"{a}+{b}={a + b}" for a in range(0, 100, 3) for b in range(0, 100, 7)]
 def folders(tmp_path_factory):
     """The project's own trained tokenizer; a tiny from-scratch model saved with it; a pretrained-like Llama
     (rope_theta 5e5, untied head, two EOS ids in its config) saved with the same tokenizer."""
-    root = tmp_path_factory.mktemp("pretrained")
+    return build_folders(tmp_path_factory.mktemp("pretrained"))
+
+
+def build_folders(root):
+    """`folders`' models under `root` (bench/mismatch.py builds them too)."""
     train_tokenizer(TEXTS, 300, root / "tok")
     tok = load_tokenizer(root / "tok")
     save_model(build_model(ModelConfig(), tok), tok, root / "tiny")
