@@ -101,7 +101,7 @@ lock-docs:
 	rm -rf .venv-docs-lock
 
 lint: install
-	$(BIN)/ruff check src tasks workflows images rehearsal tests bench
+	$(BIN)/ruff check src tasks workflows images rehearsal tests bench docs examples
 
 bench: install
 	$(BIN)/python bench/sft.py

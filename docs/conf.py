@@ -8,6 +8,8 @@ settings reference (settings.md) is generated from the config dataclasses by doc
 current by tests/unit/test_settings_reference.py.
 """
 
+import re
+
 project = "posttrain"
 author = "the posttrain developers"
 copyright = "2026, the posttrain developers"
@@ -30,10 +32,17 @@ html_theme_options = {"navigation_with_keys": True}
 
 
 def _site_links(app, docname: str, source: list[str]) -> None:
-    """The pages link to the README as GitHub shows it (`../README.md`); on the site the README is the home page."""
+    """The pages link to the README as GitHub shows it (`../README.md`); on the site the README is the home page.
+    The README's links into examples/ lead to the site's examples page, which shows the examples' files."""
     source[0] = source[0].replace("](../README.md", "](index.md")
+
+
+def _readme_links(app, relative_path, parent_docname: str, content: list[str]) -> None:
+    if str(relative_path).endswith("README.md"):
+        content[0] = re.sub(r"\]\(examples/[^)#]*", "](docs/examples.md", content[0])
 
 
 def setup(app):
     app.connect("source-read", _site_links)
+    app.connect("include-read", _readme_links)
     return {"parallel_read_safe": True}

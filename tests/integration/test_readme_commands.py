@@ -61,7 +61,7 @@ NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
     ".venv/bin/posttrain eval --recipe small_instruct_cpu": "needs the user's /data files and the real model: "
                                                              "test_real_model.py runs this flow",
     ".venv/bin/pyflyte run workflows/pipeline.py pipeline --recipe small_instruct_cpu":
-        "the user's data and the real model: test_real_model_rl.py runs RL from a model folder",
+        "the user's data and the real model: test_real_model_rl.py runs RL from a model folder (examples/own_model, tiny)",
     ".venv/bin/pyflyte run workflows/retrain.py retrain": "the default recipe twice (10 min): "
                                                           "test_retrain_e2e.py runs two nights of it, shortened",
     "python3 -m venv": "refreshing the pins downloads the world from PyPI (make test installs from the lock)",
