@@ -17,7 +17,9 @@ SFT model (issue 45, item 7): held-out accuracy in the environment and generated
 4. The start model and both RL models are scored by the project's evaluation in the environment (the recipe's
    eval: greedy and k sampled episodes per held-out problem, the same split), and greedy without the tool.
 
-Prints a markdown table; with --out, also the rows as JSON. One run at a time (two on 2 cores are noise).
+Prints a markdown table; with --out, also the rows as JSON; --write-docs puts the table in docs/agents.md.
+`--table-from bench/results/agent-vs-trl-2026-11-29.json --write-docs` remakes the docs' table from a kept run
+without running. One run at a time (two on 2 cores are noise).
 """
 
 from __future__ import annotations
@@ -184,30 +186,52 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=0, help="RL steps (0: the recipe's)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the TRL process")
     ap.add_argument("--out", default="", help="also write the result as JSON here")
+    ap.add_argument("--table-from", default="", metavar="JSON",
+                    help="no run: the table of a kept --out file (bench/results/agent-vs-trl-*.json)")
+    ap.add_argument("--write-docs", action="store_true", help="replace docs/agents.md's agent_vs_trl table")
     args = ap.parse_args()
-    res = compare(args.recipe, args.seed, args.steps or None, args.threads)
-    rl, s, rows = res["rl"], res["start"], res["rows"]
-    commit = _commit()
-    trl = rows["TRL GRPOTrainer"]
-    print(f"\n## {args.recipe} (seed {args.seed}): SFT model -> GRPO in the Calculator environment, {rl.steps} steps x "
-          f"{rl.prompts_per_step} prompts x {rl.samples_per_prompt} episodes; held-out problems scored by the "
-          f"project's evaluation (greedy / sampled in the environment; greedy without the tool)\n")
-    print("| trainer | held-out greedy | sampled | greedy without the tool | generated tokens | loop wall s | "
-          "tokens/s | median step s | tool calls | failed calls |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| SFT start | {s['greedy']:.3f} | {s['sampled']:.3f} | {s['alone']:.3f} | | | | | | |")
+    if args.table_from:
+        kept = json.loads(Path(args.table_from).read_text())
+        log = Path(args.table_from).with_suffix(".txt")
+        block = table(kept["start"], kept["rows"], kept.get("made_by", (
+            f"`.venv/bin/python bench/agent_vs_trl.py`, its rows kept in `{args.table_from}`"
+            + (f" and its log (commit, machine, versions, load) in `{log}`" if log.exists() else ""))))
+    else:
+        res = compare(args.recipe, args.seed, args.steps or None, args.threads)
+        rl, s, rows = res["rl"], res["start"], res["rows"]
+        print(f"\n## {args.recipe} (seed {args.seed}): SFT model -> GRPO in the Calculator environment, {rl.steps} "
+              f"steps x {rl.prompts_per_step} prompts x {rl.samples_per_prompt} episodes; held-out problems scored by "
+              "the project's evaluation (greedy / sampled in the environment; greedy without the tool)\n")
+        trl = rows["TRL GRPOTrainer"]
+        made_by = (f"`.venv/bin/python bench/agent_vs_trl.py {' '.join(a for a in sys.argv[1:] if a != '--write-docs')}`"
+                   f" (commit {_commit()}, {platform.processor() or platform.machine()}, load average "
+                   f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; TRL appends a tool result as "
+                   f"{trl['suffix']!r}; versions {trl['versions']})")
+        block = table(s, rows, made_by)
+        if args.out:
+            Path(args.out).write_text(json.dumps({"start": s, "made_by": made_by,
+                                                  "rows": {n: {k: v for k, v in r.items() if k != "model"}
+                                                           for n, r in rows.items()}}, default=str))
+    print(block)
+    if args.write_docs:
+        from default_seeds import write_block
+
+        print(f"wrote the table into {write_block(block, '<!-- agent_vs_trl:begin -->', '<!-- agent_vs_trl:end -->')}")
+
+
+def table(start: dict, rows: dict, made_by: str) -> str:
+    """The markdown table (and the ratio) of a comparison: the start model's row, then each trainer's."""
+    out = [("| trainer | held-out greedy | sampled | greedy without the tool | generated tokens | loop wall | tokens/s "
+            "| median step | tool calls | failed calls |"), "|---|---|---|---|---|---|---|---|---|---|",
+           f"| SFT start | {start['greedy']:.3f} | {start['sampled']:.3f} | {start['alone']:.3f} | | | | | | |"]
     for name, r in rows.items():
         a = r["after"]
-        print(f"| {name} | {a['greedy']:.3f} | {a['sampled']:.3f} | {a['alone']:.3f} | {r['tokens']} | "
-              f"{r['wall_s']:.0f} | {r['tok_s']:.0f} | {r['median_step_s']:.2f} | {r['tool_calls']:.0f} | "
-              f"{r['tool_failures']:.0f} |")
-    ratio = rows["posttrain GRPO"]["tok_s"] / trl["tok_s"]
-    print(f"\nposttrain / TRL generated tokens/s: x{ratio:.2f}. TRL appends a tool result as {trl['suffix']!r}. "
-          f"Versions: {trl['versions']}. Commit {commit}, {platform.processor() or platform.machine()}, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end.")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"start": s, "rows": {n: {k: v for k, v in r.items() if k != "model"}
-                                                                    for n, r in rows.items()}}, default=str))
+        out.append(f"| {name} | {a['greedy']:.3f} | {a['sampled']:.3f} | {a['alone']:.3f} | {r['tokens']:,} | "
+                   f"{r['wall_s']:.0f} s | {r['tok_s']:,.0f} | {r['median_step_s']:.2f} s | {r['tool_calls']:,.0f} | "
+                   f"{r['tool_failures']:.0f} |")
+    ratio = rows["posttrain GRPO"]["tok_s"] / rows["TRL GRPOTrainer"]["tok_s"]
+    out += ["", f"posttrain / TRL generated tokens/s: x{ratio:.2f}. Made by {made_by}."]
+    return "\n".join(out)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--sft-rank"]:
