@@ -1,19 +1,15 @@
 """docs/cli.md is the reference of the `posttrain` command generated from its parser (docs/cli_reference.py): it
 must match what the generator writes now, name every command, and every command and argument must have help."""
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from tests.docs_scripts import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("cli_reference", ROOT / "docs" / "cli_reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["cli_reference"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load("cli_reference")
 
 
 def test_every_command_and_argument_has_help():

@@ -4,21 +4,16 @@ builds the real site with warnings as errors and runs the check on it; `make tes
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.docs_scripts import load
 
 
 @pytest.fixture(scope="module")
 def check_site():
-    spec = importlib.util.spec_from_file_location("check_site", ROOT / "docs" / "check_site.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["check_site"] = mod
-    spec.loader.exec_module(mod)
+    mod = load("check_site")
     if not mod.CHROMIUM.exists():
         pytest.skip("chromium is not installed: `apt-get install -y chromium` (make test does it when apt-get works)")
     pytest.importorskip("playwright.sync_api", reason="pip install playwright (the dev extra)")

@@ -1,19 +1,15 @@
 """docs/settings.md is the settings reference generated from the config dataclasses (docs/settings_reference.py):
 it must match what the generator writes now, and every setting must carry documentation."""
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from tests.docs_scripts import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("settings_reference", ROOT / "docs" / "settings_reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["settings_reference"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load("settings_reference")
 
 
 def test_every_setting_is_documented():
