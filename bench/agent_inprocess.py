@@ -9,6 +9,11 @@ precision (bf16 rollouts and reference, fp32 policy with bf16 autocast).
 
 Prints one line per seed (SFT and RL held-out greedy / sampled accuracy in the environment, the RL model
 without it, seconds per stage) and a table at the end. CPU: expect the pipeline's own time (~10-15 min a seed).
+
+    python bench/agent_inprocess.py --rows-from bench/results/guess-number-methods*-cpu-2026-11-29.txt --write-docs
+
+makes the table of kept runs (the JSON rows of their outputs; no new run) and writes it into docs/agents.md's
+`agent_methods` block.
 """
 
 from __future__ import annotations
@@ -144,6 +149,19 @@ def _rl_row(R, seed: int, model, rl_steps: int | None, work: Path, sft_work: Pat
     return out, rl_dir
 
 
+def methods_table(rows: list[dict]) -> list[str]:
+    """One line per algorithm run: SFT and RL accuracy in the environment, training accuracy first and last
+    step, the RL model without the environment, RL wall."""
+    out = [("| algorithm | SFT greedy / sampled | RL greedy / sampled | train accuracy, first -> last step | RL greedy "
+           "without the environment | RL wall |"), "|---|---|---|---|---|---|"]
+    for r in rows:
+        s, q, acc = r["sft"], r["rl"], r["train_accuracy"]
+        out.append(f"| {r['algorithm']} | {s['greedy']:.3f} / {s['sampled'] or 0:.3f} | {q['greedy']:.3f} / "
+                   f"{q['sampled'] or 0:.3f} | {acc[0]:.3f} -> {acc[-1]:.3f} | {r['rl_without_environment']:.3f} | "
+                   f"{r['times']['rl_s'] / 60:.1f} min |")
+    return out
+
+
 def _emit(row: dict, out: str) -> None:
     print("ROW", json.dumps(row), flush=True)
     if out:
@@ -164,7 +182,24 @@ def main() -> None:
                     "from the seed's same SFT model (default: the recipe's); on_policy_distill's teacher is the "
                     "first one's RL model")
     ap.add_argument("--out", default="", help="also write the rows as JSON lines here")
+    ap.add_argument("--rows-from", nargs="+", default=[], help="no new run: the JSON rows of these kept outputs")
+    ap.add_argument("--write-docs", action="store_true", help="write the methods table into docs/agents.md")
     args = ap.parse_args()
+    if args.rows_from:
+        rows = [json.loads(line) for f in args.rows_from for line in Path(f).read_text().splitlines()
+                if line.startswith("{")]
+        if not rows:
+            sys.exit(f"--rows-from: no JSON rows in {args.rows_from}")
+        lines = methods_table(rows)
+        print("\n".join(lines))
+        if args.write_docs:
+            from default_seeds import write_block
+
+            files = " ".join(str(Path(f)) for f in args.rows_from)
+            block = "\n".join([*lines, "", (f"Command: `.venv/bin/python bench/agent_inprocess.py --rows-from {files} "
+                                "--write-docs` (the kept runs' rows; each file's first lines name the run that made it).")])
+            print(f"wrote the table into {write_block(block, '<!-- agent_methods:begin -->', '<!-- agent_methods:end -->')}")
+        return
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here")
     rows = []

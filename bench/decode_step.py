@@ -3,6 +3,7 @@ step of SmolLM2-135M-Instruct at small_instruct_cpu's rollout batch, four ways, 
 
     .venv/bin/python bench/decode_step.py                 # batch 32 (8 prompts x 4 samples), 64 new tokens
     .venv/bin/python bench/decode_step.py --batch 64 --prompt-len 120
+    .venv/bin/python bench/decode_step.py --write-docs    # and write the table into docs/results.md
 
 Rows: `dynamic` - the project's decoding (posttrain.models.generate: transformers' DynamicCache, which grows
 every layer's keys and values by one column per step); `static` - transformers' StaticCache (keys and values
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64, help="small_instruct_cpu's rl.max_new_tokens")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (small_instruct_cpu's torch_threads)")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into its block in docs/results.md")
     args = ap.parse_args(argv)
 
     import torch
@@ -108,17 +110,24 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, statistics.median(times), min(times), max(times)))
     floor = statistics.median(linear_floor(model, args.batch) for _ in range(args.repeats))
     base = rows[0][1]
-    print(f"\nSmolLM2-135M-Instruct decode step, batch {args.batch}, prompt {args.prompt_len} tokens, "
-          f"{args.new_tokens} new tokens, greedy, fp32; median of {args.repeats} (token ids equal in every row)")
-    print("| decoding | ms per step (min-max) | x dynamic |")
-    print("|---|---|---|")
+    table = ["| decoding | ms per step (min-max) | x the project's |", "|---|---|---|"]
     for name, med, lo, hi in rows:
-        print(f"| {name} | {med * 1e3:.0f} ({lo * 1e3:.0f}-{hi * 1e3:.0f}) | x{base / med:.2f} |")
-    print(f"| Linear layers only (the floor) | {floor * 1e3:.0f} | x{base / floor:.2f} |")
+        table.append(f"| {name} | {med * 1e3:.0f} ({lo * 1e3:.0f}-{hi * 1e3:.0f}) | x{base / med:.2f} |")
+    table.append(f"| every `nn.Linear` alone, no attention or cache (the floor) | {floor * 1e3:.0f} | x{base / floor:.2f} |")
     load = os.getloadavg()
-    print(f"\ntorch.compile: {compile_s:.0f} s to compile the step; load average before {load_before[0]:.2f}, after "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} CPUs, torch threads {args.threads}; torch "
-          f"{torch.__version__}, transformers {importlib.metadata.version('transformers')}")
+    head = (f"SmolLM2-135M-Instruct decode step, batch {args.batch}, prompt {args.prompt_len} tokens, "
+            f"{args.new_tokens} new tokens, greedy, fp32; median of {args.repeats} (token ids equal in every row)")
+    tail = (f"torch.compile: {compile_s:.0f} s to compile the step; load average before {load_before[0]:.2f}, after "
+            f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {os.cpu_count()} CPUs, torch threads {args.threads}; torch "
+            f"{torch.__version__}, transformers {importlib.metadata.version('transformers')}")
+    print("\n" + head + "\n" + "\n".join(table) + "\n\n" + tail)
+    if args.write_docs:
+        from default_seeds import _commit, write_block
+
+        block = "\n".join([head + ":", "", *table, "",
+                            (f"{tail}. Command: `.venv/bin/python bench/decode_step.py {' '.join(sys.argv[1:])}` "
+                            f"({time.strftime('%Y-%m-%d')}, commit {_commit()}).")])
+        print(f"wrote the table into {write_block(block, '<!-- decode_step:begin -->', '<!-- decode_step:end -->')}")
     return 0
 
 

