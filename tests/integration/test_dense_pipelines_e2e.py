@@ -1,9 +1,12 @@
-"""dpo_pipeline, reward_model_pipeline and distill_pipeline through `pyflyte run` (Flyte local execution, Elastic
-ranks), shortened, in one fresh store: what each stores, its lineage, and that a changed DPO setting re-runs only
-DPO and its evaluation. Marked `e2e` (Elastic forks ranks: its own pytest process)."""
+"""dpo_pipeline, reward_model_pipeline, rlhf_pipeline and distill_pipeline through `pyflyte run` (Flyte local
+execution, Elastic ranks), shortened, in one fresh store: what each stores, its lineage, and that a changed DPO
+setting re-runs only DPO and its evaluation. Then the examples a user starts from with preference data
+(examples/preference_dpo, examples/rlhf), with their own settings, in a store of their own. Marked `e2e` (Elastic
+forks ranks: its own pytest process)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
-WALL_S = 273
+WALL_S = 351
 """Measured wall time, idle (conftest runs the longest modules first)."""
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,8 +27,27 @@ SHORT = {"data": {"num_examples": 3000, "eval_size": 60}, "sft": {"steps": 300, 
          "tracking": {"wandb": False}}
 
 
-def pyflyte(workflow: str, overrides: dict, home: Path) -> str:
+EXAMPLE_TINY = {"preference_dpo": {"tracking": {"wandb": False}},
+                "rlhf": {"rl": {"steps": 2, "critic_warmup_steps": 1}, "tracking": {"wandb": False}}}
+"""What the test changes in each example's settings: no wandb; RLHF: two PPO steps (the first trains only the
+critic) instead of 20."""
+
+
+def example_overrides(name: str) -> dict:
+    """examples/NAME/overrides.py's settings (imported from the file, as a user's command runs it), with what
+    EXAMPLE_TINY changes for NAME."""
+    spec = importlib.util.spec_from_file_location(f"{name}_overrides", ROOT / "examples" / name / "overrides.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.overrides()
+    for section, values in EXAMPLE_TINY[name].items():
+        out[section] = {**out.get(section, {}), **values}
+    return out
+
+
+def pyflyte(workflow: str, overrides: dict, home: Path, recipe: str = "") -> str:
     p = subprocess.run([str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", workflow,
+                        *(["--recipe", recipe] if recipe else []),
                         "--run_id", workflow, "--overrides", json.dumps(overrides)], cwd=ROOT, capture_output=True,
                        check=False, text=True, timeout=1200, env={**os.environ, "POSTTRAIN_HOME": str(home)})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -92,3 +114,34 @@ def test_dense_pipelines_store_their_models_with_lineage_and_cache_by_stage(tmp_
     student = store.manifest(dict(re.findall(r"(sft)_model_id='([0-9a-f]{64})'", out))["sft"])
     assert student.stage == "distill" and student.extra["frozen_model"] == sft.id and sft.id in student.parents
     assert "student" in out
+
+
+def test_examples_dpo_and_rlhf_train_on_the_users_own_pairs(tmp_path):
+    """examples/preference_dpo (dpo_pipeline) and examples/rlhf (rlhf_pipeline) as their docstrings run them: the
+    user's pairs are the data (no `pairs` stage samples any), the preference dataset is the parent of the DPO model
+    and of the reward model, PPO names that reward model, and the RLHF run reuses the DPO run's data and SFT."""
+    from posttrain.artifacts import ArtifactStore
+
+    home = tmp_path / "home"
+    store = ArtifactStore(str(home))
+    out = pyflyte("dpo_pipeline", example_overrides("preference_dpo"), home, recipe="tiny_cpu")
+    ids = dict(re.findall(r"(dataset|sft_model|rl_model)_id='([0-9a-f]{64})'", out))
+    data, sft, dpo = (store.manifest(ids[k]) for k in ("dataset", "sft_model", "rl_model"))
+    assert data.config["schema"] == "preference" and "40 train / 8 eval" in out  # pairs.jsonl: 48 rows, 8 held out
+    assert data.id in sft.parents and dpo.stage == "dpo" and set(dpo.parents) == {sft.id, data.id}
+    assert dpo.extra["frozen_model"] == sft.id and {"rewards/margin", "accuracy"} <= set(dpo.extra["history"][-1])
+    assert not [m for m in store.list(kind="dataset") if m.stage == "pairs"] and "pairs:" not in out
+
+    out = pyflyte("rlhf_pipeline", example_overrides("rlhf"), home, recipe="tiny_cpu_rlhf")
+    for stage in ("data_prep", "sft"):  # the same pairs.jsonl and SFT settings as examples/preference_dpo
+        assert f"{stage}: cache hit" in out, out[-3000:]
+    assert re.search(r"pairwise accuracy [0-9.]+ on 8 held-out pairs", out)
+    rm = store.list(kind="reward_model")[-1]
+    assert rm.parents[0] == data.id and sft.id in rm.parents  # trained on the user's pairs, from the SFT model
+    ppo = store.manifest(re.search(r"rl_model_id='([0-9a-f]{64})'", out).group(1))
+    assert ppo.extra["algorithm"] == "ppo" and {rm.id, sft.id, data.id} <= set(ppo.parents)  # prompts: the pairs'
+    assert ppo.config["reward"]["fn_weight"] == 0.0
+    last = ppo.extra["history"][-1]
+    assert {"reward/model0_mean", "reward/fn_accuracy", "critic/value_loss"} <= set(last)
+    assert last["policy_version"] == 1  # step 1 trained only the critic
+    assert not [m for m in store.list(kind="dataset") if m.stage == "pairs"] and "pairs:" not in out
