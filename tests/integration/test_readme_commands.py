@@ -1,9 +1,8 @@
-"""The README's and the docs' commands run as written. Every command in their ```bash blocks (and the cluster section's register
-dry run) is either run here - in a fresh store that a short pipeline run through `pyflyte run` filled, its
-placeholders (ID_OR_PREFIX, MODEL, <run id>, ...) replaced by that run's real ids and `[optional]` parts
-included - or listed in NOT_RUN with the reason and the test that covers it. A README command that is in
-neither list fails the test, so a new one cannot go unchecked. Marked `e2e` (a pipeline run through Flyte,
-Elastic and Ray in subprocesses)."""
+"""The README's and the docs' commands run as written. Every command in their ```bash blocks is either run
+here - in a fresh store that a short pipeline run through `pyflyte run` filled, its placeholders (ID_OR_PREFIX,
+MODEL, <run id>, ...) replaced by that run's real ids and `[optional]` parts included - or listed in NOT_RUN with
+the reason and the test that covers it. A README command that is in neither list fails the test, so a new one
+cannot go unchecked. Marked `e2e` (a pipeline run through Flyte, Elastic and Ray in subprocesses)."""
 
 from __future__ import annotations
 
@@ -71,10 +70,14 @@ NOT_RUN = {  # command prefix -> why it is not run here, and what covers it
     "make run-vllm": "the default recipe with vLLM (minutes): the vLLM RL tests in make test",
     "make test-vllm": "part of make test",
     "make lock-vllm": "re-resolves the vLLM pins from PyPI",
+    ".venv/bin/python examples/cluster/launch.py --registry": "builds and pushes an image, registers with a Flyte "
+                                                              "cluster and starts a run there: its --dry-run (the "
+                                                              "same steps without a cluster) runs here",
 }
 
-REGISTER = ".venv/bin/pyflyte register --image localhost/posttrain:readme workflows/ --dry-run --copy none --version v1"
-"""The cluster section's register command (prose, not a block), as it says to run it without a cluster."""
+LAUNCH_DRY_RUN = ".venv/bin/python examples/cluster/launch.py --dry-run"
+"""docs/cluster.md's launch without a cluster (examples/cluster): the image's name, `pyflyte register --dry-run
+--copy none` of workflows/, the run's recipe and overrides validated."""
 
 
 def readme_commands() -> list[str]:
@@ -120,7 +123,9 @@ def test_every_readme_command_runs_as_written_or_is_covered_elsewhere(tmp_path):
     commands = readme_commands()
     assert len(commands) >= 20, commands  # the parser found the blocks
     to_run = [c for c in commands if not any(_covers(p, c) for p in NOT_RUN)]
-    unlisted = [c for c in to_run if not c.startswith((".venv/bin/posttrain ", ".venv/bin/wandb sync "))]
+    unlisted = [c for c in to_run if not c.startswith((".venv/bin/posttrain ", ".venv/bin/wandb sync ",
+                                                       LAUNCH_DRY_RUN))]
+    assert LAUNCH_DRY_RUN in to_run, "docs/cluster.md no longer gives the launch script's dry run"
     assert not unlisted, f"README commands neither run here nor listed in NOT_RUN: {unlisted}"
     stale = [p for p in NOT_RUN if not any(_covers(p, c) for c in commands)]
     assert not stale, f"NOT_RUN entries that no README command starts with any more: {stale}"
@@ -136,7 +141,7 @@ def test_every_readme_command_runs_as_written_or_is_covered_elsewhere(tmp_path):
     pin = _sh(f".venv/bin/posttrain promote {ids['sft'][:12]} production --pin {dataset[:12]}", env)
     assert pin.returncode in (0, 3) and re.search(r"^(promoted|refused): ", pin.stdout, re.MULTILINE), pin.stdout + pin.stderr
 
-    for cmd in [*to_run, REGISTER]:
+    for cmd in to_run:
         filled = _fill(cmd, ids)
         if filled.startswith(".venv/bin/wandb sync "):  # nothing leaves the machine
             filled = filled.replace("wandb sync ", "wandb sync --dry-run ", 1)
@@ -150,6 +155,10 @@ def test_every_readme_command_runs_as_written_or_is_covered_elsewhere(tmp_path):
             assert ids["sft"] in out.stdout or ids["rl"] in out.stdout, out.stdout[:2000]
         if "wandb sync" in filled:
             assert "Would sync 4 run(s)" in out.stdout + out.stderr, out.stdout + out.stderr
-        if "register" in filled:
+        if filled.startswith(LAUNCH_DRY_RUN):  # every entity compiled and counted, as the page says
             said = re.search(r"\((\d+) entities\)", (ROOT / "docs" / "cluster.md").read_text()).group(1)
-            assert f"Successfully registered {said} entities" in out.stdout, out.stdout[-2000:]  # as the page says
+            assert f"Successfully registered {said} entities" in out.stdout, out.stdout[-2000:]
+            assert re.search(r"^launch: image \S+/posttrain-cpu:\S+ \(not built: dry run\)$", out.stdout,
+                             re.MULTILINE), out.stdout[-2000:]
+            assert "launch: dry run - would start workflows.pipeline.pipeline version dry-run in " \
+                   "posttrain/development with recipe 'tiny_cpu'" in out.stdout, out.stdout[-2000:]
