@@ -61,3 +61,55 @@ def test_each_generated_block_names_the_script_that_writes_it():
     bad = [k for k, scripts in unnamed.items() if not scripts or not all((ROOT / s).is_file() for s in scripts)]
     assert not bad, f"generated blocks that do not name an existing bench script as their command: {bad}"
 
+
+
+KEPT = {  # generated block -> the kept outputs (bench/results/) its table was made from
+    "default_seeds": ["default-seeds-2026-11-30-d2013a1.txt"],
+    "calculator_seeds": ["calculator-seeds-sft3000-2026-11-29.txt"],
+    "guess_number_seeds": ["guess-number-seeds-cpu-2026-11-28.txt"],
+    "agent_methods": ["guess-number-methods-cpu-2026-11-29.txt", "guess-number-methods2-cpu-2026-11-29.txt",
+                      "guess-number-methods3-cpu-2026-11-29.txt"],
+    "real_calculator": ["real-calculator-seed1-2026-11-29.txt"],
+    "agent_vs_trl": ["agent-vs-trl-2026-11-29.txt"],
+    "async_seeds": ["async-seeds-2026-11-29-after-trim.txt"],
+    "async_placements": ["rl-async-30steps-2026-11-29.txt"],
+    "async_real": ["rl-async-30steps-2026-11-29.txt"],
+    "real_model": ["real-model-2026-11-27.txt"],
+    "rlhf_seeds": ["rlhf-seeds-2026-11-30.txt"],
+    "mismatch": ["mismatch-2026-11-30.txt"],
+    "algorithms": ["algorithms-seed0-b.json", "algorithms-seed0-a.json", "algorithms-seeds12.json",
+                   "algorithms-lora.json"],
+    "ppo_seeds": ["ppo-seeds-2026-11-29-after-trim.txt"],
+    "ppo_step_pairs": ["rl-ppo-pairs-2026-11-30.txt"],
+    "dense_seeds": ["dense-seeds-2026-11-29.txt"],
+    "rollout_engines": ["rollout-engines-2026-11-30.txt"],
+    "trl_runs": ["trl-2026-11-27.txt", "trl-2026-11-28.txt", "trl-async-2plus1-2026-11-29.txt",
+                 "trl-async-2plus1-after-trim-2026-11-29.txt"],
+    "rl_engines": ["rl-engines-2026-11-30.txt"],
+    "decode_step": ["decode-step-2026-11-30.txt"],
+}
+"""A script writes each block, and its run's output is kept: a block's measured values (numbers with three or more
+decimals: accuracies, step seconds; gains and minutes are derived from them) must each be in one of these files,
+to the block's rounding."""
+
+
+def test_each_generated_blocks_figures_are_in_its_kept_output():
+    results = ROOT / "bench" / "results"
+    missing, unkept = {}, []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for name, body in re.findall(r"^<!-- (\w+):begin -->$(.*?)^<!-- \1:end -->$", page.read_text(),
+                                      re.DOTALL | re.MULTILINE):
+            files = [results / f for f in KEPT.get(name, [])]
+            if not files or not all(f.is_file() for f in files):
+                unkept.append(f"{page.name}:{name}")
+                continue
+            kept = [float(x) for f in files for x in re.findall(r"\d+\.\d+", f.read_text())]
+            rows = [line for line in body.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
+            shown = re.findall(r"(?<![\d.+-])\d+\.(\d{3,})(?![\d.])", " ".join(rows))
+            values = re.findall(r"(?<![\d.+-])(\d+\.\d{3,})(?![\d.])", " ".join(rows))
+            lost = [v for v, d in zip(values, shown) if not any(abs(x - float(v)) <= 0.5 * 10 ** -len(d) + 1e-9
+                                                                for x in kept)]
+            if lost:
+                missing[f"{page.name}:{name}"] = lost[:10]
+    assert not unkept, f"generated blocks whose run's output is not kept (KEPT names none, or a missing file): {unkept}"
+    assert not missing, f"figures of a block that its kept outputs do not hold: {missing}"
