@@ -85,17 +85,23 @@ def _medians(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(d.get(k, 0.0) for d in dicts) for k in keys}
 
 
+def step_ratios(res: dict) -> list[tuple[float, float, float, float]]:
+    """Per pair: (GRPO median step s, PPO median step s, PPO / GRPO, the ratio the critic's extra work predicts:
+    (GRPO step + PPO's critic phase) / GRPO step)."""
+    out = []
+    for rows in res["pairs"]:
+        g, p = rows["GRPO"]["median_step_s"], rows["PPO"]["median_step_s"]
+        out.append((g, p, p / g, (g + rows["PPO"]["phase_s"].get("critic", 0.0)) / g))
+    return out
+
+
 def pairs_table(res: dict) -> tuple[list[str], str]:
     """The docs' table of the step-time pairs and its summary line."""
+    pairs = step_ratios(res)
     lines = ["| pair | GRPO step s | PPO step s | PPO / GRPO | (GRPO step + critic phase) / GRPO step |",
-             "|---|---|---|---|---|"]
-    ratios = []
-    for k, rows in enumerate(res["pairs"]):
-        g, p = rows["GRPO"], rows["PPO"]
-        ratios.append(p["median_step_s"] / g["median_step_s"])
-        predicted = (g["median_step_s"] + p["phase_s"].get("critic", 0.0)) / g["median_step_s"]
-        lines.append(f"| {k + 1} | {g['median_step_s']:.3f} | {p['median_step_s']:.3f} | x{ratios[-1]:.2f} | "
-                     f"x{predicted:.2f} |")
+             "|---|---|---|---|---|", *(f"| {k + 1} | {g:.3f} | {p:.3f} | x{r:.2f} | x{pred:.2f} |"
+                                        for k, (g, p, r, pred) in enumerate(pairs))]
+    ratios = [r for _, _, r, _ in pairs]
     (g0, s0), first, rl = res["start"], res["pairs"][0], res["rl"]
     phases = first["PPO"]["phase_s"]
     summary = (f"Median x{statistics.median(ratios):.2f} (min x{min(ratios):.2f}, max x{max(ratios):.2f}); step medians "
@@ -120,13 +126,10 @@ def print_section(res: dict) -> None:
         print(f"| {name} | {g0:.3f} -> {g1:.3f} ({g1 - g0:+.3f}) | {s0:.3f} -> {s1:.3f} ({s1 - s0:+.3f}) |")
     print("\n| pair | GRPO step s | PPO step s | PPO / GRPO | predicted: (GRPO step + critic phase) / GRPO step |")
     print("|---|---|---|---|---|")
-    ratios, predicted = [], []
-    for k, rows in enumerate(pairs):
-        g, p = rows["GRPO"], rows["PPO"]
-        ratios.append(p["median_step_s"] / g["median_step_s"])
-        predicted.append((g["median_step_s"] + p["phase_s"].get("critic", 0.0)) / g["median_step_s"])
-        print(f"| {k + 1} | {g['median_step_s']:.3f} | {p['median_step_s']:.3f} | x{ratios[-1]:.2f} | "
-              f"x{predicted[-1]:.2f} |")
+    ratios = []
+    for k, (g, p, r, pred) in enumerate(step_ratios(res)):
+        ratios.append(r)
+        print(f"| {k + 1} | {g:.3f} | {p:.3f} | x{r:.2f} | x{pred:.2f} |")
     for name in ("GRPO", "PPO"):
         r = pairs[0][name]
         print(f"{name} (pair 1) phase medians: " + ", ".join(f"{k} {v:.3f}" for k, v in r["phase_s"].items()) +

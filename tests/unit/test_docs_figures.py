@@ -105,10 +105,8 @@ def test_each_generated_blocks_figures_are_in_its_kept_output():
                 continue
             kept = [float(x) for f in files for x in re.findall(r"\d+\.\d+", f.read_text())]
             rows = [line for line in body.splitlines() if line.startswith("|") and not line.startswith("|---")][1:]
-            shown = re.findall(r"(?<![\d.+-])\d+\.(\d{3,})(?![\d.])", " ".join(rows))
-            values = re.findall(r"(?<![\d.+-])(\d+\.\d{3,})(?![\d.])", " ".join(rows))
-            lost = [v for v, d in zip(values, shown) if not any(abs(x - float(v)) <= 0.5 * 10 ** -len(d) + 1e-9
-                                                                for x in kept)]
+            values = re.findall(r"(?<![\d.+-])(\d+\.(\d{3,}))(?![\d.])", " ".join(rows))  # (value, its decimals)
+            lost = [v for v, d in values if not any(abs(x - float(v)) <= 0.5 * 10 ** -len(d) + 1e-9 for x in kept)]
             if lost:
                 missing[f"{page.name}:{name}"] = lost[:10]
     assert not unkept, f"generated blocks whose run's output is not kept (KEPT names none, or a missing file): {unkept}"
