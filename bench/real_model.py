@@ -15,10 +15,12 @@ What it does, as a user would with their own model, data and scorer (the task's 
 2. builds the task with it, in three splits with no question in two of them: train (`--train` generated rows),
    validation (`--validation-n`, default 256) and test (`--eval`, default 256). Sweeps and recipe choices read the
    validation split only (bench/real_model_sweep.py); every figure this script reports is on the test split, and
-   its table says so. `--split train_first`: validation then test are the first distinct later questions not in
-   train; `held_out_first`: validation then test are the task's own mix and train is the rest. Validation comes
-   first, so it holds the held-out set of the runs before the three splits (their choices saw it) and the test
-   questions are new. The task is the family's (`--family`): `arithmetic` (default) is `chain_sum` problems (`State
+   its table says so. `--split train_first`: validation and test are later distinct questions not in train;
+   `held_out_first`: they are the task's own mix and train is the rest. Each held-out question goes to validation or
+   test by a hash of its text (bench/rg_task.split_questions), so the two splits are the same mix. Until 2026-11-30
+   validation was dealt first: it held the held-out set of the runs before the three splits, and chain_sum's
+   2-term questions were 110 of its 256 against 57 of test's; the figures below, and those of earlier test runs,
+   are on those older splits. The task is the family's (`--family`): `arithmetic` (default) is `chain_sum` problems (`State
    the final answer to the following arithmetic problem: 6 + 0 - 1 =`), 2 or 3 one-digit terms; `spelling` is
    `spell_backward` (`Spell this word backward (example: sun -> nus): ward`, answer `draw`), words of 3-5 letters,
    a task of another kind with a short answer reasoning-gym's scorer checks (the recipe is not tuned to it). Each

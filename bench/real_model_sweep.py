@@ -35,10 +35,10 @@ entropy and response length over the steps since the last evaluation (each confi
 step). Every config appends the same lines to OUT/evaluations.jsonl as it goes: one file holds the whole sweep,
 kept when a time limit stops it (a lent GPU's call returns a bounded number of files: on 2026-11-30 it returned
 2 of 8 logs). Not a substitute for bench/real_model.py: no Flyte, no merged-model evaluation, and a GPU's float rounding is
-not this CPU's. Its step-0 accuracy is the pipeline's: 0.227 on the 256 validation problems of the arithmetic
-family, as the pipeline's evaluation of the folder on its held-out set before the three splits (the same problems).
+not this CPU's. Its step-0 accuracy is the pipeline's on the same problems: 0.227 on the 256 validation problems
+of the arithmetic family as validation was dealt until 2026-11-30 (first, before test: bench/rg_task.split_questions).
 
-Measured before the three splits, on what is now the validation split (2026-11-26,
+Measured before the three splits, on what was the validation split until 2026-11-30 (2026-11-26,
 bench/results/real-model-sweep-gpu-2026-11-26.txt): on the lent H200 the GGUF was brought in
 two calls (FACTS' recipe for large files) and de-quantised there to the same weights (fingerprint equal). 16 configs
 at once (--parallel 16 --threads 1) ran ~22 s per step each - processes time-share one GPU, so run a few at a time -

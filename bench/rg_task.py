@@ -8,12 +8,14 @@ bench/task_probe.py): the pinned install, the task families, the three splits an
   `chain_sum`, the completion's last number) and `spelling` (`spell_backward`: spell a word backward, the
   completion's last word; reasoning-gym's scorer ignores case and gives a right prefix partial credit). The
   spelling config is the package's own word list cut to 3-5 letters; nothing in the recipe was chosen for it.
-- `split_questions` cuts the generated rows into train / validation / test with no question in two splits:
-  sweeps and recipe choices read validation, reported figures come from test.
+- `split_questions` cuts the generated rows into train / validation / test with no question in two splits, and
+  validation and test the same mix (a question's held-out split is a hash of its text): sweeps and recipe choices
+  read validation, reported figures come from test.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -111,32 +113,48 @@ def check_split(order: str, other_train: bool) -> None:
         raise SystemExit("--train-task needs --split held_out_first: validation and test are --task's own mix")
 
 
+def side(question: str) -> str:
+    """"validation" or "test": the held-out split a question belongs to, by the first bit of its text's sha256 -
+    independent of the question's kind, so the two splits are the same mix of the task, and of the split sizes."""
+    return ("validation", "test")[hashlib.sha256(question.encode()).digest()[0] & 1]
+
+
 def split_questions(rows: list[dict], sizes: Sizes, order: str,
                     train_rows: list[dict] | None = None) -> dict[str, list[dict]]:
     """{"train", "validation", "test": rows} from reasoning-gym rows, no question in two splits.
 
-    `order` train_first: train is the first `sizes.train` rows; validation then test are the next distinct questions
-    not in train (a small problem space ends up mostly in train). held_out_first: validation then test are the first
-    distinct questions of the first 4 x (validation + test) rows - the task's own mix - and train is the remaining
-    rows without them, or `train_rows` (another config's rows) without them. Validation comes first in both orders:
-    it is the held-out set of the runs before the three splits, so the questions those runs' choices saw are never
-    test questions. Train may repeat a question (it is a sample); validation and test never do."""
+    The held-out questions are distinct questions of the task's own mix: with `order` held_out_first, those of the
+    first 4 x (validation + test) rows, and train is the remaining rows without them, or `train_rows` (another
+    config's rows) without them; with train_first, train is the first `sizes.train` rows and the held-out questions
+    are the later ones not in train (a small problem space ends up mostly in train). Each held-out question goes to
+    validation or test by `side` - a hash of its text - and each split takes its first questions in order. So both
+    splits are the same mix (dealing validation first took the early, distinct-rich part of a small problem space:
+    chain_sum's 2-term questions were 110 of 256 in validation and 57 of 256 in test), and changing one split's size
+    never moves a question into the other. Train may repeat a question (it is a sample); validation and test never do.
+
+    Since 2026-11-30: before it, validation was the first 256 held-out questions, which runs before the three splits
+    had chosen on; about half of those are now test questions, so test figures come from choices made on this
+    validation split."""
     check_split(order, train_rows is not None)
-    held_n = sizes.validation + sizes.test
     if order == "train_first":
         train = rows[: sizes.train]
-        held = _distinct(rows[sizes.train:], {r["question"] for r in train})[:held_n]
+        candidates = _distinct(rows[sizes.train:], {r["question"] for r in train})
     else:
-        held = _distinct(rows[: 4 * held_n])[:held_n]
-        seen = {r["question"] for r in held}
-        pool = rows[4 * held_n:] if train_rows is None else train_rows
+        candidates = _distinct(rows[: 4 * (sizes.validation + sizes.test)])
+    dealt = {"validation": [], "test": []}
+    for r in candidates:
+        dealt[side(r["question"])].append(r)
+    val, test = dealt["validation"][: sizes.validation], dealt["test"][: sizes.test]
+    if len(val) < sizes.validation or len(test) < sizes.test:
+        raise SystemExit(f"only {len(dealt['validation'])} + {len(dealt['test'])} distinct questions not in train for "
+                         f"validation and test; need {sizes.validation} + {sizes.test} (--validation-n, --eval)")
+    if order == "held_out_first":
+        seen = {r["question"] for r in val + test}
+        pool = rows[4 * (sizes.validation + sizes.test):] if train_rows is None else train_rows
         train = [r for r in pool if r["question"] not in seen]
-    if len(held) < held_n:
-        raise SystemExit(f"only {len(held)} distinct questions not in train for validation and test; need "
-                         f"{sizes.validation} + {sizes.test} (--validation-n, --eval)")
     if not train:
         raise SystemExit("no train question is left once the validation and test questions are dropped")
-    return {"train": train, "validation": held[: sizes.validation], "test": held[sizes.validation:]}
+    return {"train": train, "validation": val, "test": test}
 
 
 def install_reasoning_gym() -> Path:

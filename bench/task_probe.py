@@ -15,9 +15,11 @@ with reasoning-gym's own scorer for the task. It prints, per task: how many dist
 rows hold (a small problem space leaves little to train on once the held-out set is taken), greedy accuracy,
 sampled accuracy, pass@k (some sample right) and maj@k (the most common last number right), the share of the
 most common answer among the questions (what always giving that answer would score), and three greedy
-completions. Its questions are the first distinct ones reasoning-gym makes with seed 1, which bench/real_model.py
-puts in the validation split (`--split held_out_first`) or in train (`train_first`, while 4 x n <= `--train`):
-never in test while n <= `--validation-n`, so choosing a task with it is a choice made on validation.
+completions. Its questions are the first distinct ones reasoning-gym makes with seed 1 that
+bench/rg_task.split_questions deals to validation (by a hash of the question): bench/real_model.py puts them in
+the validation split (`--split held_out_first`) or in train (`train_first`, while 4 x n <= `--train`), never in
+test while n <= `--validation-n`, so choosing a task with it is a choice made on validation (until 2026-11-30 it
+took the first distinct ones, which validation then held).
 
 How to read it: GRPO mostly sharpens what sampling already finds, so maj@k above greedy is room for a greedy
 gain, and pass@k is how often a group of k has a right answer to learn from. A task whose most common answer
@@ -42,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_model import MODEL
-from rg_task import FAMILIES, TASK, install_reasoning_gym
+from rg_task import FAMILIES, TASK, install_reasoning_gym, side
 
 CANDIDATES = [
     TASK,
@@ -69,8 +71,10 @@ def probe(spec: dict, model, tok, eos: list[int], args) -> dict:
     name = spec.pop("name")
     rows = list({r["question"]: r for r in rg.create_dataset(name, size=4 * args.n, seed=1, **spec)}.values())
     distinct = len(rows)
-    if distinct < args.n:
-        raise SystemExit(f"{name}: only {distinct} distinct questions in {4 * args.n} rows; --n {args.n} needs more")
+    rows = [r for r in rows if side(r["question"]) == "validation"]  # never a test question
+    if len(rows) < args.n:
+        raise SystemExit(f"{name}: only {len(rows)} distinct validation questions in {4 * args.n} rows; --n {args.n} "
+                         "needs more")
     rows = rows[: args.n]
     score = get_score_answer_fn(name)
 
