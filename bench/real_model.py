@@ -85,7 +85,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from default_seeds import _commit, run_pipeline, write_block
+from default_seeds import _commit, greedy_alone, run_pipeline, write_block
 from rg_task import CACHE, FAMILIES, REWARDS, RG_VERSION, Family, Sizes, build_task, check_split, install_reasoning_gym
 
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
@@ -94,21 +94,40 @@ ON_TEST = "every figure is on the test split"
 """Written into the table's text; `--rows-from` refuses the output of a run whose table does not say it."""
 
 
-def answers_right(home: Path, family: Family) -> dict[str, float]:
-    """{"folder" | "rl": share of test problems whose greedy completion's answer, read as the family's reward reads
-    it (arithmetic: the last number), is the answer}, from the eval artifacts' report.json (every problem's greedy
-    completion is stored there)."""
+def evaluations(home: Path) -> dict[str, list[dict]]:
+    """{"folder" | "sft" | "rl": every test problem's result (prompt, answer, greedy completion, correct)} from the
+    run's eval artifacts' report.json: the folder's (eval-base-*), the SFT model's (eval-sft-*, when the recipe runs
+    SFT) and the RL model's."""
     out = {}
     for path in sorted((home / "objects").glob("*/manifest.json")):
         m = json.loads(path.read_text())
-        if m["kind"] != "eval":
-            continue
-        problems = json.loads((path.parent / "files" / "report.json").read_text())["problems"]
-        right = sum(family.same(family.extract(p["greedy"]), p["answer"]) for p in problems)
-        out["folder" if m["name"].startswith("eval-base") else "rl"] = right / len(problems)
-    if set(out) != {"folder", "rl"}:
+        if m["kind"] == "eval":
+            role = "folder" if m["name"].startswith("eval-base") else "sft" if m["name"].startswith("eval-sft") else "rl"
+            out[role] = json.loads((path.parent / "files" / "report.json").read_text())["problems"]
+    if not {"folder", "rl"} <= set(out):
         raise SystemExit(f"{home}: expected the folder's and the RL model's evaluations, found {sorted(out)}")
     return out
+
+
+def answers_right(home: Path, family: Family) -> dict[str, float]:
+    """{"folder" | "sft" | "rl": share of test problems whose greedy completion's answer, read as the family's reward
+    reads it (arithmetic: the last number), is the answer}, from the eval artifacts (`evaluations`)."""
+    return {role: sum(family.same(family.extract(p["greedy"]), p["answer"]) for p in problems) / len(problems)
+            for role, problems in evaluations(home).items()}
+
+
+def paired(home: Path, after: str, before: str = "folder") -> dict[str, float]:
+    """The greedy change from model `before` to `after` problem by problem on the same test problems: {"low",
+    "high"} (95%, Newcombe's interval for paired proportions) and {"p"} (McNemar's exact test), as
+    posttrain.eval.compare gives every comparison."""
+    from posttrain.eval.intervals import paired_change
+
+    evals = evaluations(home)
+    a, b = evals[after], evals[before]
+    if [(p["prompt"], p["answer"]) for p in a] != [(p["prompt"], p["answer"]) for p in b]:
+        raise SystemExit(f"{home}: the {after} and {before} evaluations did not score the same problems in order")
+    change = paired_change([bool(p["correct"]) for p in a], [bool(p["correct"]) for p in b])
+    return {"low": change.low, "high": change.high, "p": change.p_value}
 
 
 def keep_run(home: Path, dest: Path) -> None:
@@ -127,7 +146,8 @@ def keep_run(home: Path, dest: Path) -> None:
 
 
 def overrides(task: dict, extra: dict) -> dict:
-    over = {"model": {"base_path": str(MODEL)}, "sft": {"enabled": False}, **json.loads(json.dumps(task))}
+    """The run's overrides: the folder, the task's data and reward, then `--overrides`; SFT as the recipe has it."""
+    over = {"model": {"base_path": str(MODEL)}, **json.loads(json.dumps(task))}
     for section, fields in extra.items():
         over.setdefault(section, {}).update(fields)
     return over
@@ -141,12 +161,21 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], s
     fam = FAMILIES[family]
     rows = [r for run in earlier for r in run.rows] + rows
     sampled = all(r.get("sft_sampled_accuracy", -1.0) >= 0 for r in rows)
-    head = (["seed", "folder greedy", "RL greedy", "change greedy"] + (["folder sampled", "RL sampled"] if sampled else [])
-            + [f"folder {fam.right}", f"RL {fam.right}"])
+    sft = any("folder_greedy" in r for r in rows)  # the recipe ran SFT: the summary's "sft" is the SFT model
+    interval = all("greedy_low" in r for r in rows)
+    head = (["seed", "folder greedy"] + (["SFT greedy"] if sft else []) + ["RL greedy"]
+            + ["change greedy" + (" (95% paired interval)" if interval else "")]
+            + (["RL over SFT (95% paired interval)"] if sft and interval else [])
+            + (["folder sampled", "RL sampled"] if sampled else []) + [f"folder {fam.right}", f"RL {fam.right}"])
     lines = ["| " + " | ".join(head + ["wall"]) + " |", "|" + "---|" * (len(head) + 1)]
     for r in rows:
-        cells = [str(r["seed"]), f"{r['sft_greedy_accuracy']:.3f}", f"{r['rl_greedy_accuracy']:.3f}",
-                 f"{r['d_greedy']:+.3f}"]
+        folder = r.get("folder_greedy", r["sft_greedy_accuracy"])
+        cells = [str(r["seed"]), f"{folder:.3f}"] + ([f"{r['sft_greedy_accuracy']:.3f}"] if sft else [])
+        cells += [f"{r['rl_greedy_accuracy']:.3f}", f"{r['d_greedy']:+.3f}" + (
+            f" ({r['greedy_low']:+.3f}, {r['greedy_high']:+.3f})" if interval else "")]
+        if sft and interval:
+            cells.append(f"{r['rl_greedy_accuracy'] - r['sft_greedy_accuracy']:+.3f} "
+                         f"({r['over_sft_low']:+.3f}, {r['over_sft_high']:+.3f})")
         if sampled:
             cells += [f"{r['sft_sampled_accuracy']:.3f}", f"{r['rl_sampled_accuracy']:.3f}"]
         cells += [f"{r['folder_right']:.3f}", f"{r['rl_right']:.3f}"]
@@ -162,7 +191,10 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], s
                    f"{sizes.train} generated train / {sizes.validation} validation / {sizes.test} test questions (no "
                    f"question in two splits{trained_on}); {ON_TEST}, which no sweep or recipe choice reads "
                    f"(bench/real_model_sweep.py scores on the validation split). Greedy change mean "
-                   f"{statistics.mean(g):+.3f} (min {min(g):+.3f}). Greedy is the scorer's accuracy (a score of 1.0); "
+                   f"{statistics.mean(g):+.3f} (min {min(g):+.3f}), RL model against the folder"
+                   f"{'; the SFT model is the SFT stage of the recipe on the train rows, which RL starts from' if sft else ''}"
+                   f"{'; intervals are paired over the test problems (Newcombe; posttrain.eval.compare)' if interval else ''}"
+                   f". Greedy is the scorer's accuracy (a score of 1.0); "
                    f"\"{fam.right}\" counts {fam.rule}, however worded. Wall is the whole `pyflyte run` in a fresh "
                    f"store: both evaluations and every RL step. Command: `.venv/bin/python {command}` "
                    f"({time.strftime('%Y-%m-%d')}, commit {_commit()}; load average {load[0]:.2f} {load[1]:.2f} "
@@ -266,6 +298,8 @@ def family_reward(family: str, reward: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from posttrain.recipes import resolve
+
     args = parser().parse_args(argv)
     argv = argv if argv is not None else sys.argv[1:]
     earlier = tuple(read_earlier(log, argv) for log in args.rows_from)
@@ -285,9 +319,18 @@ def main(argv: list[str] | None = None) -> int:
         task = build_task(Path(tmp) / "task", deps, sizes, reward, args.split, spec, train_spec, evaluate="test")
         for s in args.seeds:
             home = Path(tmp) / f"home{s}"
-            row, out = run_pipeline(s, args.recipe, overrides(task, json.loads(args.overrides)), home)
-            print("\n".join(line for line in out.splitlines() if line.startswith(("rl step", "eval "))))
-            row["d_greedy"] = row["rl_greedy_accuracy"] - row["sft_greedy_accuracy"]
+            over = overrides(task, json.loads(args.overrides))
+            row, out = run_pipeline(s, args.recipe, over, home)
+            print("\n".join(line for line in out.splitlines() if line.startswith(("rl step", "eval ", "pass rate"))))
+            if resolve(args.recipe, json.dumps(over)).sft.enabled:  # the folder's own evaluation, after the run
+                t0 = time.perf_counter()
+                row["folder_greedy"] = greedy_alone(s, args.recipe, over, home)
+                row["wall_s"] += time.perf_counter() - t0
+                change = paired(home, "rl", "sft")
+                row["over_sft_low"], row["over_sft_high"] = change["low"], change["high"]
+            row["d_greedy"] = row["rl_greedy_accuracy"] - row.get("folder_greedy", row["sft_greedy_accuracy"])
+            change = paired(home, "rl")
+            row["greedy_low"], row["greedy_high"], row["greedy_p"] = change["low"], change["high"], change["p"]
             right = answers_right(home, fam)
             row["folder_right"], row["rl_right"] = right["folder"], right["rl"]
             if args.keep is not None:

@@ -59,7 +59,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from rg_task import FAMILIES, Sizes, check_split, last_number, last_word, same_number, same_word
+from rg_task import FAMILIES, Sizes, check_split, last_list, last_number, last_word, same_list, same_number, same_word
 
 
 def number_score(completion: str, answer: str, metadata: dict) -> float:
@@ -73,7 +73,13 @@ def word_score(completion: str, answer: str, metadata: dict) -> float:
     return float(same_word(last_word(completion), answer))
 
 
-SCORES = {"arithmetic": number_score, "spelling": word_score}
+def list_score(completion: str, answer: str, metadata: dict) -> float:
+    """1.0 when the completion's last bracketed list is the answer's numbers in order (reward `list` for
+    number_sorting; reasoning-gym's scorer also takes numbers within 1 of each, this does not)."""
+    return float(same_list(last_list(completion), answer))
+
+
+SCORES = {"arithmetic": number_score, "spelling": word_score, "sorting": list_score}
 """The sweep's reward and evaluation per `--family`, in plain Python (no reasoning-gym where it runs)."""
 
 

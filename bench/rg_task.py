@@ -30,8 +30,11 @@ RG_VERSION = "0.1.25"
 CACHE = Path(os.environ.get("POSTTRAIN_MODELS", Path.home() / ".cache/posttrain/models")).parent
 TASK = {"name": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
 SPELL_TASK = {"name": "spell_backward", "min_word_len": 3, "max_word_len": 5}
+SORT_TASK = {"name": "number_sorting", "min_numbers": 3, "max_numbers": 4, "min_decimals": 0, "max_decimals": 0,
+             "min_value": 0, "max_value": 99}
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 WORD = re.compile(r"[^\W_]+")
+LIST = re.compile(r"\[[^\[\]]*\]")
 SPLITS = ("train", "validation", "test")
 
 
@@ -45,6 +48,21 @@ def last_word(completion: str) -> str | None:
     """The completion's last word (a run of letters and digits: "is 'elppa'." -> elppa), as reward `word` reads it."""
     found = WORD.findall(completion)
     return found[-1] if found else None
+
+
+def last_list(completion: str) -> str | None:
+    """The completion's last bracketed list ("... is ['3.0', '7.0']." -> "['3.0', '7.0']"), as reward `list` reads it."""
+    found = LIST.findall(completion)
+    return found[-1] if found else None
+
+
+def same_list(found: str | None, answer: str) -> bool:
+    """Whether a bracketed list holds the answer's numbers in its order (quotes and spacing aside)."""
+    try:
+        got, want = (json.loads(x.replace("'", '"')) for x in (found or "", answer))
+        return [Decimal(str(g)) for g in got] == [Decimal(str(w)) for w in want]
+    except (ValueError, TypeError, InvalidOperation):
+        return False
 
 
 def same_number(found: str | None, answer: str) -> bool:
@@ -81,6 +99,8 @@ FAMILIES = {
                          "greedy completions whose last number is the answer"),
     "spelling": Family(SPELL_TASK, ("word", "raw"), last_word, same_word, "word right",
                        "greedy completions whose last word is the answer (case ignored)"),
+    "sorting": Family(SORT_TASK, ("list",), last_list, same_list, "list right",
+                      "greedy completions whose last bracketed list is the answer's numbers in order"),
 }
 """`--family`: the task families of the real-model bench."""
 
@@ -190,8 +210,10 @@ def build_task(folder: Path, deps: Path, sizes: Sizes, reward: str, split: str, 
                train_task: dict | None = None, evaluate: str = "test") -> dict:
     """train.jsonl, validation.jsonl, test.jsonl and rewards/rg_reward.py in `folder` for reasoning-gym dataset
     `task` ({"name": ..., its config fields}; default TASK) split by `split_questions`; with `train_task` (split
-    held_out_first only) the train questions come from that config instead, none of them held out. Returns the
-    data and reward overrides of a run that evaluates on split `evaluate` (validation or test)."""
+    held_out_first only) the train questions come from that config instead, none of them held out. Each row is
+    question / answer / completion (the answer: what a recipe's SFT trains on) / metadata, read as
+    `prompt_completion` with the answer as the reference. Returns the data and reward overrides of a run that
+    evaluates on split `evaluate` (validation or test)."""
     if evaluate not in ("validation", "test"):
         raise ValueError(f"evaluate: validation or test, got {evaluate!r}")
     check_split(split, train_task is not None)
@@ -200,12 +222,13 @@ def build_task(folder: Path, deps: Path, sizes: Sizes, reward: str, split: str, 
     parts = split_questions(rows, sizes, split, train_rows)
     (folder / "rewards").mkdir(parents=True, exist_ok=True)
     (folder / "rewards" / "rg_reward.py").write_text(REWARDS[reward])
-    for name, part in parts.items():
-        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    for name, part in parts.items():  # the answer is also the completion: a recipe with SFT trains on it
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps({**r, "completion": str(r["answer"])}) + "\n"
+                                                      for r in part))
     (folder / "splits.json").write_text(json.dumps({"evaluated": evaluate, **{k: len(v) for k, v in parts.items()}}))
     print(" ".join(f"{k} {len(v)}" for k, v in parts.items()), f"(train distinct {len(_distinct(parts['train']))})")
     return {"data": {"task": "", "files": [str(folder / "train.jsonl")],
-                     "eval_files": [str(folder / f"{evaluate}.jsonl")], "eval_size": 0, "schema": "prompt_answer", "prompt_field": "question"},
+                     "eval_files": [str(folder / f"{evaluate}.jsonl")], "eval_size": 0, "schema": "prompt_completion", "prompt_field": "question"},
             "reward": {"fn": "rg_reward:score", "python_path": [str(folder / "rewards"), str(deps)]},
             "eval": {"num_problems": len(parts[evaluate])}}
 
@@ -236,6 +259,20 @@ WORD = re.compile(r"[^\\W_]+")
 
 def score(completion, answer, metadata):
     found = WORD.findall(completion)
+    return get_score_answer_fn(metadata["source_dataset"])(found[-1] if found else None,
+                                                          {"answer": answer, "metadata": metadata})
+''',
+    "list": '''"""Reward for reasoning-gym rows whose answer is a list (number_sorting): the completion's last bracketed
+list, scored by reasoning-gym's own scorer (the numbers in the asked order, each within its tolerance)."""
+import re
+
+from reasoning_gym import get_score_answer_fn
+
+LIST = re.compile(r"\\[[^\\[\\]]*\\]")
+
+
+def score(completion, answer, metadata):
+    found = LIST.findall(completion)
     return get_score_answer_fn(metadata["source_dataset"])(found[-1] if found else None,
                                                           {"answer": answer, "metadata": metadata})
 ''',

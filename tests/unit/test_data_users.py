@@ -210,6 +210,29 @@ def test_conversational_prompt_completion(tmp_path, fmt):
         ("2", [{"role": "user", "content": "[1, 2] - how many items?"}]), ("4", TURNS)]
 
 
+def test_prompt_completion_rows_may_carry_a_reference_answer_for_rl(tmp_path):
+    """SFT pairs whose rows also name the answer (a task's train rows: SFT on them, then RL scores against the
+    answer): the column is the reference, not a column, and its marker is applied; rows without it fall back to the
+    completion's marker; an empty answer is refused naming the row and field."""
+    rows = [{"prompt": "3+3?", "completion": "6", "answer": "3 and 3 #### 6", "src": "t"},
+            {"prompt": "1+1?", "completion": "#### 2", "src": "t"},
+            {"prompt": "2+5?", "completion": "7", "solution": "so: #### 7"}]
+    prepare_dataset(_cfg([_jsonl(tmp_path / "a.jsonl", rows[:2])], answer_marker="####", eval_size=1), tmp_path / "o")
+    got = {e["messages"][0]["content"]: e for e in read_examples(tmp_path / "o", "train")
+           + read_examples(tmp_path / "o", "eval")}
+    assert got["3+3?"]["answer"] == "6" and got["3+3?"]["columns"] == {"src": "t"}
+    assert got["3+3?"]["messages"][-1] == {"role": "assistant", "content": "6"}
+    assert got["1+1?"]["answer"] == "2"
+    prepare_dataset(_cfg([_jsonl(tmp_path / "b.jsonl", rows[2:] * 2)], answer_field="solution", answer_marker="####",
+                         eval_size=0), tmp_path / "p")
+    (ex,) = read_examples(tmp_path / "p", "train")
+    assert ex["answer"] == "7" and ex["columns"] == {"solution": "so: #### 7"}  # kept under its own name too
+    prepare_dataset(_cfg([_jsonl(tmp_path / "n.jsonl", [{**rows[0], "answer": 6}] * 2)], eval_size=0), tmp_path / "n")
+    assert read_examples(tmp_path / "n", "train")[0]["answer"] == "6"  # a number, as prompt_answer takes it
+    msg = _fails(_cfg([_jsonl(tmp_path / "c.jsonl", [{**rows[0], "answer": " "}])], eval_size=0), tmp_path / "q")
+    assert f"{tmp_path / 'c.jsonl'}:line 1: field 'answer': empty text" in msg
+
+
 def test_conversational_turn_errors_name_the_turn(tmp_path):
     rows = [
         {"prompt": TURNS, "completion": REPLY},  # line 1: fine

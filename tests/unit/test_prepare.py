@@ -67,9 +67,10 @@ def test_every_format_and_schema(tmp_path, fmt, schema):
                 key=lambda e: int(e["messages"][0]["content"].split()[0][1:]))
     assert ex[3]["messages"][0] == {"role": "user", "content": "q3 ünïcødé 🙂"}  # structured, not templated
     if schema == DataSchema.PROMPT_COMPLETION:
-        assert ex[3]["messages"][1] == {"role": "assistant", "content": "a3"} and ex[3]["answer"] is None
+        # the rows' answer column is the reference (SFT pairs that RL scores against it)
+        assert ex[3]["messages"][1] == {"role": "assistant", "content": "a3"} and ex[3]["answer"] == "3"
         # columns the schema does not use are kept (as the reader typed them: csv infers numbers)
-        assert ex[3]["columns"] == {"answer": 3 if fmt == "csv" else "3", "extra": 3}
+        assert ex[3]["columns"] == {"extra": 3}
     else:
         assert len(ex[3]["messages"]) == 1 and ex[3]["answer"] == "3" and ex[3]["task"] == "exact"
         assert ex[3]["columns"] == {"completion": "a3", "extra": 3}

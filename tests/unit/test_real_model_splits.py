@@ -168,6 +168,36 @@ def test_the_word_reward_reads_the_last_word_and_reasoning_gyms_scorer_scores_it
     assert [fam.same(fam.extract(c), answer) for c in completions] == [r >= 1.0 for r in got["word"]]
 
 
+def test_the_list_reward_reads_the_last_list_and_reasoning_gyms_scorer_scores_it(bench, rg_dir, tmp_path):
+    """The sorting family's reward (number_sorting), loaded as RL and eval load it, on hand-written completions of a
+    real row: the last bracketed list is read, the asked order and every number count."""
+    from posttrain.config import RewardConfig
+    from posttrain.rewards.scorer import RewardSample, RewardScorer
+
+    rg_task = bench[0]
+    row = rg_task.generate(rg_dir, {**rg_task.SORT_TASK, "min_numbers": 4}, 1, seed=1)[0]
+    answer = row["answer"]
+    want = json.loads(answer.replace("'", '"'))
+    assert want == row["metadata"]["sorted_numbers"] and len(want) == 4
+    completions = [answer,                                                       # the bare answer
+                   f"Sorted: {json.dumps(want)}.",                               # double quotes, in a sentence
+                   f"{json.dumps(want[::-1])} reversed is {answer}",             # the last list is read
+                   f"{answer} or maybe {json.dumps(want[::-1])}",                # the last list is the wrong order
+                   str(want[:3]),                                                # a number left out
+                   "?!"]                                                         # no list at all
+    (tmp_path / "rewards").mkdir()
+    (tmp_path / "rewards" / "rg_reward.py").write_text(rg_task.REWARDS["list"])
+    cfg = RewardConfig(fn="rg_reward:score", python_path=[str(tmp_path / "rewards"), str(rg_dir)], timeout_s=60)
+    example = {"messages": [{"role": "user", "content": row["question"]}], "answer": answer,
+               "columns": {"metadata": row["metadata"]}}
+    with RewardScorer(cfg) as s:
+        results = s.score([RewardSample.from_example(example, c) for c in completions])
+    assert all(r.failure is None for r in results), results
+    assert [r.score for r in results] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    fam = rg_task.FAMILIES["sorting"]  # the table's "list right" column reads a completion as the reward does
+    assert [fam.same(fam.extract(c), answer) for c in completions] == [r.score >= 1.0 for r in results]
+
+
 def test_a_family_takes_only_the_rewards_that_read_its_answers(bench):
     real_model = bench[1]
     assert real_model.family_reward("spelling", None) == "word"
@@ -197,6 +227,39 @@ def test_the_table_says_its_figures_are_on_the_test_split_and_counts_words_right
     assert block.splitlines()[2] == "| 0 | 0.250 | 0.500 | +0.250 | 0.667 | 1.000 | 1.0 min |"
     assert "2000 generated train / 256 validation / 200 test questions (no question in two splits" in block
     assert real_model.ON_TEST in block and "`spell_backward`" in block
+
+
+def test_with_sft_the_table_gives_the_folder_the_sft_model_and_paired_intervals(bench, tmp_path):
+    """A recipe with SFT: three evaluations in the store; the change is the RL model's against the folder, RL's own
+    part against the SFT model, each with its paired interval over the same test problems."""
+    rg_task, real_model, _ = bench
+    home = tmp_path / "store"
+    answers = [str(i) for i in range(40)]
+    right = {"eval-base-folder": 10, "eval-sft-train": 24, "eval-grpo-train": 30}  # the first n problems right
+    for name, n in right.items():
+        folder = home / "objects" / name
+        (folder / "files").mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps({"kind": "eval", "name": name}))
+        (folder / "files" / "report.json").write_text(json.dumps({"problems": [
+            {"prompt": f"q{i}", "answer": a, "greedy": a if i < n else "x", "correct": i < n}
+            for i, a in enumerate(answers)]}))
+    assert real_model.answers_right(home, rg_task.FAMILIES["arithmetic"]) == {"folder": 0.25, "sft": 0.6, "rl": 0.75}
+    over_folder, over_sft = real_model.paired(home, "rl"), real_model.paired(home, "rl", "sft")
+    assert over_folder["low"] > 0.3 and over_folder["p"] < 1e-5  # 20 gained, none lost
+    assert over_sft["low"] < 0.15 < over_sft["high"] and over_sft["p"] == pytest.approx(2 * 0.5 ** 6)  # 6 gained
+    row = {"seed": 0, "wall_s": 60.0, "folder_greedy": 0.25, "sft_greedy_accuracy": 0.6, "rl_greedy_accuracy": 0.75,
+           "d_greedy": 0.5, "greedy_low": over_folder["low"], "greedy_high": over_folder["high"],
+           "over_sft_low": over_sft["low"], "over_sft_high": over_sft["high"], "folder_right": 0.25, "rl_right": 0.75}
+    block = real_model.table([row], [], (1.0, 1.0, 1.0), rg_task.Sizes(2000, 256, 40), dict(rg_task.TASK))
+    head, _, cells = block.splitlines()[:3]
+    assert head == ("| seed | folder greedy | SFT greedy | RL greedy | change greedy (95% paired interval) | RL over SFT "
+                    "(95% paired interval) | folder arithmetic right | RL arithmetic right | wall |")
+    assert cells.startswith(f"| 0 | 0.250 | 0.600 | 0.750 | +0.500 ({over_folder['low']:+.3f}, "
+                            f"{over_folder['high']:+.3f}) | +0.150 ({over_sft['low']:+.3f}, {over_sft['high']:+.3f}) |")
+    with pytest.raises(SystemExit, match="did not score the same problems"):
+        (home / "objects" / "eval-sft-train" / "files" / "report.json").write_text(json.dumps({"problems": [
+            {"prompt": "other", "answer": "0", "greedy": "0", "correct": True}] * 40}))
+        real_model.paired(home, "rl", "sft")
 
 
 def test_rows_from_a_run_before_the_three_splits_are_refused(bench, tmp_path):
@@ -234,4 +297,6 @@ def test_the_sweeps_plain_rewards_are_the_families_rules(bench):
     assert sweep.number_score("so 3 + 4 = 7.", "7", {}) == 1.0 and sweep.number_score("7 or 8", "7", {}) == 0.0
     assert sweep.word_score("It is 'Elppa'.", "elppa", {}) == 1.0
     assert sweep.word_score("elppa?? no: elpp", "elppa", {}) == 0.0
+    assert sweep.list_score("sorted: ['3.0', '7.0']", "['3.0', '7.0']", {}) == 1.0
+    assert sweep.list_score("['7.0', '3.0']", "['3.0', '7.0']", {}) == 0.0
     assert sweep.SCORES.keys() == bench[0].FAMILIES.keys()

@@ -100,7 +100,8 @@ class DataConfig:
     rejected_field: str = "rejected"
     """Column holding the dispreferred completion (schema PREFERENCE), in the same form as `chosen_field`."""
     answer_field: str = "answer"
-    """Column holding the reference answer (schema PROMPT_ANSWER, and optionally PREFERENCE); "" means the rows
+    """Column holding the reference answer (schema PROMPT_ANSWER; optionally PROMPT_COMPLETION - SFT pairs that
+    RL then scores against the answer, e.g. a task's train rows - and PREFERENCE); "" means the rows
     have no reference answer (prompts for RL or eval with a user reward function that does not need one). A column
     of another name is also kept under that name, so a reward function may name it either way
     (`def f(completion, solution)` with answer_field "solution")."""

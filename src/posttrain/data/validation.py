@@ -118,7 +118,7 @@ def to_example(row: dict, where: str, cfg: DataConfig, problems: Problems, *,
             consumed = {cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.answer_field}
             ex = _preference_example(row, where, cfg, problems)
         case DataSchema.PROMPT_COMPLETION:
-            consumed = {cfg.prompt_field, cfg.completion_field}
+            consumed = {cfg.prompt_field, cfg.completion_field, cfg.answer_field}
             ex = _prompt_example(row, where, cfg, problems)
         case _:
             consumed = {cfg.prompt_field, cfg.answer_field}
@@ -132,7 +132,8 @@ def to_example(row: dict, where: str, cfg: DataConfig, problems: Problems, *,
 
 
 def _prompt_example(row: dict, where: str, cfg: DataConfig, problems: Problems) -> dict | None:
-    """Schemas PROMPT_COMPLETION (SFT pairs) and PROMPT_ANSWER (prompts, with a reference answer unless
+    """Schemas PROMPT_COMPLETION (SFT pairs; the reference answer is the row's `answer_field` where it has one,
+    else the text after `answer_marker` in the completion) and PROMPT_ANSWER (prompts, with a reference answer unless
     `answer_field` is ""). A prompt is text (one user turn) or a list of {role, content} turns (or its JSON
     text); a completion is text (one assistant turn) or a list of assistant turns."""
     before = len(problems.items)
@@ -144,7 +145,11 @@ def _prompt_example(row: dict, where: str, cfg: DataConfig, problems: Problems) 
             if m["role"] != "assistant":
                 problems.add(where, f"{cfg.completion_field}[{i}].role",
                              f"a completion turn must be an assistant turn, got {m['role']!r}")
-        if completion is not None and cfg.answer_marker:
+        if cfg.answer_field and row.get(cfg.answer_field) is not None:  # a reference answer beside the reply
+            raw = _text(row, cfg.answer_field, where, problems, allow_number=True)
+            if raw is not None:
+                answer = _answer(raw, cfg.answer_marker, where, cfg.answer_field, problems)
+        elif completion is not None and cfg.answer_marker:
             answer = _answer(completion[-1]["content"], cfg.answer_marker, where, cfg.completion_field, problems)
     elif cfg.answer_field:
         raw = _text(row, cfg.answer_field, where, problems, allow_number=True)
