@@ -8,6 +8,8 @@
     .venv/bin/python bench/real_model.py --write-readme     # also rewrite the real_model block (docs/lora.md)
     .venv/bin/python bench/real_model.py --task '{"name": "basic_arithmetic", "max_terms": 2, "max_digits": 2}'
     .venv/bin/python bench/real_model.py --seeds 1 ... --rows-from seed0.log --write-readme  # a seed per run, one table
+    .venv/bin/python bench/real_model.py --recipe small_instruct_sft_rl_cpu --family sorting --split held_out_first \
+        --seeds 0 --on validation                           # SFT on the train rows, then RL; scored on validation
 
 What it does, as a user would with their own model, data and scorer (the task's pieces live in bench/rg_task.py):
 1. installs reasoning-gym (PyPI, pinned) with `pip install --target` into `<cache>/reasoning-gym/<version>`,
@@ -36,9 +38,13 @@ What it does, as a user would with their own model, data and scorer (the task's 
    "The answer is 8." scores 0.06; `shaped`: half of number and raw, so only the bare answer scores 1.0 and a right
    number inside a sentence about half); a reward that cannot read the family's answers is refused; evaluation
    counts a score >= 1.0 as correct;
-4. runs `pyflyte run workflows/pipeline.py pipeline` from the SmolLM2 folder with `sft.enabled: false` (RL
-   straight from the folder), one seed at a time, each in a fresh store, evaluating on the test split, and reads
-   the test greedy accuracy of the folder and of the RL model from the run's summary;
+4. runs `pyflyte run workflows/pipeline.py pipeline` from the SmolLM2 folder with `--recipe` (SFT as the recipe
+   has it: small_instruct_lora_cpu runs RL straight from the folder, small_instruct_sft_rl_cpu trains LoRA SFT on
+   the train rows' answers first, then selects prompts by pass rate and runs RL), one seed at a time, each in a
+   fresh store, evaluating on the test split (`--on validation`: the validation split, for choosing a recipe; such
+   a table is never written into the docs), and reads the greedy accuracy of the folder (with SFT: evaluated alone
+   after the run, `eval_pipeline`), of the SFT model and of the RL model, and the paired 95% interval of each
+   change over the same problems;
 5. reads both evaluations' greedy completions back from the store and counts how often the completion's answer,
    read as the family's reward reads it, is the answer ("arithmetic right": the last number; "word right": the
    last word, case ignored), whatever the wording, so a gain in the scorer's accuracy can be told apart into
@@ -91,6 +97,7 @@ from rg_task import CACHE, FAMILIES, REWARDS, RG_VERSION, Family, Sizes, build_t
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
 BEGIN, END = "<!-- real_model:begin -->", "<!-- real_model:end -->"
 ON_TEST = "every figure is on the test split"
+ON_VALIDATION = "every figure is on the validation split, for choosing a recipe; never reported as a result"
 """Written into the table's text; `--rows-from` refuses the output of a run whose table does not say it."""
 
 
@@ -154,7 +161,8 @@ def overrides(task: dict, extra: dict) -> dict:
 
 
 def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], sizes: Sizes, spec: dict,
-          train_spec: dict | None = None, earlier: tuple[Earlier, ...] = (), family: str = "arithmetic") -> str:
+          train_spec: dict | None = None, earlier: tuple[Earlier, ...] = (), family: str = "arithmetic",
+          on: str = "test") -> str:
     """The docs block: one row per seed on the test split (sampled accuracy only when the recipe's eval.k > 0), the
     change, and how to reproduce it; the seeds of `earlier` runs (`--rows-from`) first, each named with its own
     command."""
@@ -189,11 +197,13 @@ def table(rows: list[dict], argv: list[str], load: tuple[float, float, float], s
                   f"({json.dumps({k: v for k, v in train_spec.items() if k != 'name'})})")
     lines += ["", (f"SmolLM2-135M-Instruct, reasoning-gym {RG_VERSION} `{spec['name']}` ({task}; family {family}), "
                    f"{sizes.train} generated train / {sizes.validation} validation / {sizes.test} test questions (no "
-                   f"question in two splits{trained_on}); {ON_TEST}, which no sweep or recipe choice reads "
-                   f"(bench/real_model_sweep.py scores on the validation split). Greedy change mean "
+                   f"question in two splits{trained_on}); "
+                   + (f"{ON_TEST}, which no sweep or recipe choice reads (bench/real_model_sweep.py and `--on "
+                      f"validation` score on the validation split)" if on == "test" else ON_VALIDATION)
+                   + f". Greedy change mean "
                    f"{statistics.mean(g):+.3f} (min {min(g):+.3f}), RL model against the folder"
                    f"{'; the SFT model is the SFT stage of the recipe on the train rows, which RL starts from' if sft else ''}"
-                   f"{'; intervals are paired over the test problems (Newcombe; posttrain.eval.compare)' if interval else ''}"
+                   f"{f'; intervals are paired over the {on} problems (Newcombe; posttrain.eval.compare)' if interval else ''}"
                    f". Greedy is the scorer's accuracy (a score of 1.0); "
                    f"\"{fam.right}\" counts {fam.rule}, however worded. Wall is the whole `pyflyte run` in a fresh "
                    f"store: both evaluations and every RL step. Command: `.venv/bin/python {command}` "
@@ -272,6 +282,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--validation-n", type=int, default=256,
                     help="validation questions: what bench/real_model_sweep.py scores on; never reported here")
     ap.add_argument("--eval", type=int, default=256, help="test questions: every figure this script reports")
+    ap.add_argument("--on", choices=("test", "validation"), default="test",
+                    help="the split evaluated: test (reported figures) or validation (choosing a recipe: such a table "
+                    "is never written into the docs nor joins a test table)")
     ap.add_argument("--reward", choices=sorted(REWARDS), default=None,
                     help="number: the completion's last number, scored; word: its last word, scored; shaped: half "
                     "each of number and raw; raw: the completion as it is, scored (default: the family's first)")
@@ -302,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser().parse_args(argv)
     argv = argv if argv is not None else sys.argv[1:]
+    if args.on == "validation" and (args.write_readme or args.rows_from):
+        raise SystemExit("--on validation: figures for choosing a recipe; --write-readme and --rows-from take test "
+                         "figures only")
     earlier = tuple(read_earlier(log, argv) for log in args.rows_from)
     seen = [r["seed"] for run in earlier for r in run.rows] + args.seeds
     if len(set(seen)) != len(seen):
@@ -316,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     deps = install_reasoning_gym()
     rows = []
     with tempfile.TemporaryDirectory(prefix="posttrain-real-") as tmp:
-        task = build_task(Path(tmp) / "task", deps, sizes, reward, args.split, spec, train_spec, evaluate="test")
+        task = build_task(Path(tmp) / "task", deps, sizes, reward, args.split, spec, train_spec, evaluate=args.on)
         for s in args.seeds:
             home = Path(tmp) / f"home{s}"
             over = overrides(task, json.loads(args.overrides))
@@ -338,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     load = os.getloadavg()
-    block = table(rows, argv, load, sizes, spec, train_spec, earlier, args.family)
+    block = table(rows, argv, load, sizes, spec, train_spec, earlier, args.family, args.on)
     print(block)
     if args.write_readme:
         print(f"wrote the table into {write_block(block, BEGIN, END)}")

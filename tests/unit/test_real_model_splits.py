@@ -262,6 +262,18 @@ def test_with_sft_the_table_gives_the_folder_the_sft_model_and_paired_intervals(
         real_model.paired(home, "rl", "sft")
 
 
+def test_validation_figures_never_reach_the_docs_and_say_so(bench, tmp_path):
+    rg_task, real_model, _ = bench
+    for extra in (["--write-readme"], ["--rows-from", str(tmp_path / "x.log")]):
+        with pytest.raises(SystemExit, match="--on validation: figures for choosing a recipe"):
+            real_model.main(["--on", "validation", *extra])
+    row = {"seed": 0, "wall_s": 60.0, "sft_greedy_accuracy": 0.25, "rl_greedy_accuracy": 0.5, "d_greedy": 0.25,
+           "folder_right": 0.25, "rl_right": 0.5}
+    block = real_model.table([row], [], (1.0, 1.0, 1.0), rg_task.Sizes(2000, 256, 256), dict(rg_task.TASK),
+                             on="validation")
+    assert real_model.ON_VALIDATION in block and real_model.ON_TEST not in block
+
+
 def test_rows_from_a_run_before_the_three_splits_are_refused(bench, tmp_path):
     """Its held-out set is now the validation split: its figures must not join a table of test-split figures."""
     real_model = bench[1]
