@@ -340,7 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(line for line in out.splitlines() if line.startswith(("rl step", "eval ", "pass rate"))))
             if resolve(args.recipe, json.dumps(over)).sft.enabled:  # the folder's own evaluation, after the run
                 t0 = time.perf_counter()
-                row["folder_greedy"] = greedy_alone(s, args.recipe, over, home)
+                from posttrain.config import PassRateConfig, to_dict
+
+                # eval_pipeline selects no prompts: a selection setting there is refused as doing nothing
+                alone = {**over, "data": {**over["data"], "pass_rate": to_dict(PassRateConfig())}}
+                row["folder_greedy"] = greedy_alone(s, args.recipe, alone, home)
                 row["wall_s"] += time.perf_counter() - t0
                 change = paired(home, "rl", "sft")
                 row["over_sft_low"], row["over_sft_high"] = change["low"], change["high"]
