@@ -134,12 +134,26 @@ def test_a_built_task_has_three_disjoint_splits_and_evaluates_on_the_one_asked(b
         assert json.loads((folder / "splits.json").read_text())["evaluated"] == evaluated
 
 
-def test_the_word_reward_reads_the_last_word_and_reasoning_gyms_scorer_scores_it(bench, rg_dir, tmp_path):
-    """The spelling family's reward, loaded as RL and eval load it (posttrain's RewardScorer, the written
-    rg_reward.py with the install folder on its path), on hand-written completions of a real spell_backward row."""
+def rg_scores(rg_task, rg_dir, folder: Path, reward: str, row: dict, completions: list[str]) -> list[float]:
+    """Reward `reward`'s scores of `completions` to reasoning-gym `row`, loaded as RL and eval load it (posttrain's
+    RewardScorer, the written rg_reward.py with the install folder on its path); no completion may fail."""
     from posttrain.config import RewardConfig
     from posttrain.rewards.scorer import RewardSample, RewardScorer
 
+    (folder / "rewards").mkdir(exist_ok=True)
+    (folder / "rewards" / "rg_reward.py").write_text(rg_task.REWARDS[reward])
+    cfg = RewardConfig(fn="rg_reward:score", python_path=[str(folder / "rewards"), str(rg_dir)], timeout_s=60)
+    example = {"messages": [{"role": "user", "content": row["question"]}], "answer": row["answer"],
+               "columns": {"metadata": row["metadata"]}}
+    with RewardScorer(cfg) as s:
+        results = s.score([RewardSample.from_example(example, c) for c in completions])
+    assert all(r.failure is None for r in results), results
+    return [r.score for r in results]
+
+
+def test_the_word_reward_reads_the_last_word_and_reasoning_gyms_scorer_scores_it(bench, rg_dir, tmp_path):
+    """The spelling family's reward, loaded as RL and eval load it (posttrain's RewardScorer, the written
+    rg_reward.py with the install folder on its path), on hand-written completions of a real spell_backward row."""
     rg_task = bench[0]
     row = rg_task.generate(rg_dir, {"name": "spell_backward", "min_word_len": 5, "max_word_len": 5}, 1, seed=1)[0]
     word, answer = row["metadata"]["word"], row["answer"]
@@ -150,17 +164,7 @@ def test_the_word_reward_reads_the_last_word_and_reasoning_gyms_scorer_scores_it
                    f"{answer} is {word} backward",                      # the answer, then more: read "backward"
                    answer[:3] + "".join("x" if c != "x" else "q" for c in answer[3:]),  # 3 of 5 letters right
                    "?!"]                                                # no word at all
-    (tmp_path / "rewards").mkdir()
-    got = {}
-    for reward in ("word", "number"):
-        (tmp_path / "rewards" / "rg_reward.py").write_text(rg_task.REWARDS[reward])
-        cfg = RewardConfig(fn="rg_reward:score", python_path=[str(tmp_path / "rewards"), str(rg_dir)], timeout_s=60)
-        example = {"messages": [{"role": "user", "content": row["question"]}], "answer": answer,
-                   "columns": {"metadata": row["metadata"]}}
-        with RewardScorer(cfg) as s:
-            results = s.score([RewardSample.from_example(example, c) for c in completions])
-        assert all(r.failure is None for r in results), results
-        got[reward] = [r.score for r in results]
+    got = {reward: rg_scores(rg_task, rg_dir, tmp_path, reward, row, completions) for reward in ("word", "number")}
     assert got["word"][:3] == [1.0, 1.0, 1.0]
     assert got["word"][3] < 1.0 and got["word"][4] == pytest.approx(0.6) and got["word"][5] == 0.0
     assert got["number"] == [0.0] * len(completions)  # reward `number` cannot read a word: why the family has its own
@@ -171,9 +175,6 @@ def test_the_word_reward_reads_the_last_word_and_reasoning_gyms_scorer_scores_it
 def test_the_list_reward_reads_the_last_list_and_reasoning_gyms_scorer_scores_it(bench, rg_dir, tmp_path):
     """The sorting family's reward (number_sorting), loaded as RL and eval load it, on hand-written completions of a
     real row: the last bracketed list is read, the asked order and every number count."""
-    from posttrain.config import RewardConfig
-    from posttrain.rewards.scorer import RewardSample, RewardScorer
-
     rg_task = bench[0]
     row = rg_task.generate(rg_dir, {**rg_task.SORT_TASK, "min_numbers": 4}, 1, seed=1)[0]
     answer = row["answer"]
@@ -185,17 +186,10 @@ def test_the_list_reward_reads_the_last_list_and_reasoning_gyms_scorer_scores_it
                    f"{answer} or maybe {json.dumps(want[::-1])}",                # the last list is the wrong order
                    str(want[:3]),                                                # a number left out
                    "?!"]                                                         # no list at all
-    (tmp_path / "rewards").mkdir()
-    (tmp_path / "rewards" / "rg_reward.py").write_text(rg_task.REWARDS["list"])
-    cfg = RewardConfig(fn="rg_reward:score", python_path=[str(tmp_path / "rewards"), str(rg_dir)], timeout_s=60)
-    example = {"messages": [{"role": "user", "content": row["question"]}], "answer": answer,
-               "columns": {"metadata": row["metadata"]}}
-    with RewardScorer(cfg) as s:
-        results = s.score([RewardSample.from_example(example, c) for c in completions])
-    assert all(r.failure is None for r in results), results
-    assert [r.score for r in results] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    scores = rg_scores(rg_task, rg_dir, tmp_path, "list", row, completions)
+    assert scores == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     fam = rg_task.FAMILIES["sorting"]  # the table's "list right" column reads a completion as the reward does
-    assert [fam.same(fam.extract(c), answer) for c in completions] == [r.score >= 1.0 for r in results]
+    assert [fam.same(fam.extract(c), answer) for c in completions] == [r >= 1.0 for r in scores]
 
 
 def test_a_family_takes_only_the_rewards_that_read_its_answers(bench):
