@@ -135,7 +135,7 @@ def render() -> str:
               "do not edit by hand: tests/unit/test_settings_reference.py fails when it is stale. -->"), "",
              ("Every setting a recipe or `--overrides` JSON can set (`--overrides '{\"rl\": {\"lr\": 1e-4}}'` sets "
               "`rl.lr`), with its type, default, meaning and who reads it. A recipe (`--recipe`, "
-              "`src/posttrain/recipes.py`) starts from these defaults and changes some; an algorithm's published "
+              "`src/posttrain/recipes/`) starts from these defaults and changes some; an algorithm's published "
               "defaults fill the `rl` settings neither sets, and the plan prints which it took. An `rl` setting that "
               "would do nothing under the run's algorithm (a PPO setting under GRPO: the last column) is refused at "
               "plan, naming it."), ""]

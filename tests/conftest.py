@@ -79,7 +79,7 @@ def _tiny_root(config) -> Path:
     src = Path(__file__).resolve().parents[1] / "src" / "posttrain"
     h = hashlib.sha256(str(TINY_SFT_STEPS).encode())
     for f in sorted(src.rglob("*.py")):
-        if f.parts[-2] in ("data", "models", "sft", "spmd", "config") or f.name == "recipes.py":
+        if f.parts[-2] in ("data", "models", "sft", "spmd", "config") or f.parts[-2] == "recipes":
             h.update(f.read_bytes())
     return Path(config.cache.mkdir("tiny_sft_model")) / h.hexdigest()[:16]
 

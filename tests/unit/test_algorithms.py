@@ -11,7 +11,7 @@ from posttrain.config.algorithms import DECLARED, read_by
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "posttrain"
 
-USES = {"config/rl_sections.py": {"GRPO"}, "recipes.py": {"PPO"}}
+USES = {"config/rl_sections.py": {"GRPO"}, "recipes/__init__.py": {"PPO"}}
 """Files that pick an algorithm without declaring anything of it: RLConfig's default, the PPO recipe."""
 
 

@@ -41,8 +41,8 @@ def _layer(mod: str) -> str:
 def test_the_root_holds_only_folders_of_the_layers():
     loose = sorted(p.name for p in SRC.iterdir() if p.suffix == ".py" and p.name != "__init__.py")
     folders = sorted(p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert loose == ["recipes.py"], f"modules loose in src/posttrain (give them a folder): {loose}"
-    assert sorted(folders + ["recipes"]) == sorted(LAYERS), (folders, LAYERS)
+    assert loose == [], f"modules loose in src/posttrain (give them a folder): {loose}"
+    assert sorted(folders) == sorted(LAYERS), (folders, LAYERS)
 
 
 def _upward(edges: dict[str, set[str]]) -> list[str]:

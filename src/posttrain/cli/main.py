@@ -195,7 +195,7 @@ COMMANDS = {"eval": run_eval, "export": run_export, "channels": run_channels, "p
 def add_own_commands(sub) -> None:
     """The `eval`, `channels` and `promote` subcommands, added to an argparse subparsers object."""
     ev = sub.add_parser("eval", help="evaluate one model on a dataset's eval split (no Flyte needed)")
-    ev.add_argument("--recipe", default="tiny_cpu", help="recipe name (src/posttrain/recipes.py)")
+    ev.add_argument("--recipe", default="tiny_cpu", help="recipe name (src/posttrain/recipes/)")
     ev.add_argument("--overrides", default="", help="JSON overrides, as for the pipeline")
     ev.add_argument("--model", help="a local HF model folder, or a model artifact id (or unique prefix)")
     ev.add_argument("--run-id", default="", help="run id recorded in the eval manifest (default: a new one)")

@@ -1,6 +1,6 @@
 """Recipes for a small pretrained instruct model (SmolLM2-135M-Instruct from `make real-model`, or YOUR folder) on a
 2-core CPU: RL straight from the folder, SFT on a task's rows then RL, and the Calculator agent. Registered in
-posttrain.recipes.RECIPES beside the tiny recipes."""
+posttrain.recipes.RECIPES beside the tiny recipes (posttrain/recipes/__init__.py)."""
 
 from __future__ import annotations
 

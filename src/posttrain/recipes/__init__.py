@@ -36,7 +36,7 @@ from posttrain.config.algorithm_defaults import apply_algorithm_defaults, descri
 from posttrain.config.checks import DENSE
 from posttrain.config.serialize import parse_overrides
 from posttrain.envs.tasks import CALCULATOR, GUESS_NUMBER
-from posttrain.recipes_pretrained import (
+from posttrain.recipes.pretrained import (
     small_instruct_calculator_cpu,
     small_instruct_cpu,
     small_instruct_lora_cpu,
