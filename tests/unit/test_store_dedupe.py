@@ -62,8 +62,8 @@ def test_verify_and_tamper_detection_still_hold_for_linked_files(tmp_path):
     weights = os.urandom(MB)
     a = store.put("model", "a", _model_folder(tmp_path, "a", weights, "{}"), run_id="r", parents=[], config={})
     b = store.put("model", "b", _model_folder(tmp_path, "b", weights, '{"x": 1}'), run_id="r", parents=[], config={})
-    with open(store.get(a) / "model.safetensors", "r+b") as f:  # edit one stored copy in place
-        f.write(b"\0")
+    with open(store.get(a) / "model.safetensors", "r+b") as f:  # edit one stored copy in place: flip its first
+        f.write(bytes([weights[0] ^ 0xFF]))  # byte (writing a fixed byte left it unchanged when it was already that)
     for ref in (a, b):  # the copy is shared, so both artifacts report it
         with pytest.raises(ArtifactIntegrityError, match="model.safetensors"):
             store.get(ref)
