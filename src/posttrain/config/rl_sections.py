@@ -132,6 +132,12 @@ class RLConfig:
     permutation per version), each one step (PPO's mini-batches; the policy and, in PPO, the critic)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward on one policy rank."""
+    share_prompt: bool = True
+    """Score the samples of a prompt with the prompt once (posttrain.models.prompt_sharing): in the policy's
+    update, its old log-probs and the reference's, the rows of a micro-batch that repeat a prompt become one row,
+    the prompt and then each response under a 4D mask - the same log-probs, float rounding aside, for one pass
+    of the prompt through the model instead of one per sample. False: a padded row per sample, as TRL does.
+    (Generation always runs a prompt's prefill once, whatever this says.)"""
     policy_generate_batch: int = 0
     """With placement.rollout_workers 0: rows (prompt x sample) a policy rank generates at once; their KV cache
     lives in the rank that also holds the update (SmolLM2-135M, 64 rows x ~100 tokens: ~0.45 GiB at once,

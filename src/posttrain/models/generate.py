@@ -2,7 +2,9 @@
 
 One explicit decoding loop (left padding under an attention mask, DynamicCache) serves evaluation and the RL
 rollout role. A row stops at the first of ANY of its stop ids (`eos_id`: one id or a list - instruct models
-often have several, see posttrain.models.io.eos_token_ids).
+often have several, see posttrain.models.io.eos_token_ids). Equal prompts in a batch (a prompt's n samples)
+are run through the model once: their rows decode from copies of that prompt's KV cache, so the prefill costs
+one forward per distinct prompt, not per sample.
 
 Sampling distribution: logits / temperature, then top-k (keep the k largest; ties at the k-th value are
 kept), then top-p on the top-k-renormalised distribution (keep the smallest prefix of the sorted tokens whose
@@ -151,17 +153,22 @@ class _Sampling:
 
 def _generate_batch(model, prompts, max_new_tokens, sp: _Sampling, pad_id, gen, device) -> list[Generation]:
     B, P = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, P), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, P), dtype=torch.long)
-    for i, p in enumerate(prompts):  # left padding: every row's next token is at column P
+    distinct, row_of = distinct_rows(prompts)
+    ids = torch.full((len(distinct), P), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(distinct), P), dtype=torch.long)
+    for i, p in enumerate(distinct):  # left padding: every row's next token is at column P
         ids[i, P - len(p):] = torch.tensor(p)
         mask[i, P - len(p):] = 1
     ids, mask = ids.to(device), mask.to(device)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (distinct prompts, P)
     cache = DynamicCache()
     last = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}  # the prompt's other logits are unused
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                   use_cache=True, **last).logits[:, -1]  # (B, V)
+                   use_cache=True, **last).logits[:, -1]  # (distinct prompts, V)
+    if len(distinct) < B:  # each prompt went through the model once; its n samples decode from copies of its cache
+        index = torch.tensor(row_of, device=device)
+        cache.reorder_cache(index)
+        logits, mask, pos = logits[index], mask[index], pos[index]
     next_pos = pos[:, -1:] + 1
     tokens, logps = [], []
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -192,6 +199,14 @@ def _generate_batch(model, prompts, max_new_tokens, sp: _Sampling, pad_id, gen, 
         res.append(Generation(prompt_ids=list(prompts[i]), response_ids=toks[i, :end].tolist(),
                               logprobs=lps[i, :end].tolist(), finished=bool(finished_at[i] >= 0)))
     return res
+
+
+def distinct_rows(rows: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """(the distinct rows in first-seen order, each row's index among them): the n samples of a prompt are n equal
+    rows, which need the model's forward over the prompt once."""
+    first: dict[tuple[int, ...], int] = {}
+    row_of = [first.setdefault(tuple(r), len(first)) for r in rows]
+    return [list(k) for k in first], row_of
 
 
 def response_layout(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int):

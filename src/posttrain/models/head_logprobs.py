@@ -41,6 +41,7 @@ from posttrain.models.generate import (
     response_layout,
     sampling_logprobs,
 )
+from posttrain.models.prompt_sharing import shared_prompt_layout
 
 CHUNK_ELEMENTS = 2 ** 21
 """Logits per chunk (rows x vocabulary): 8 MB in fp32, 42 rows of a 49k vocabulary."""
@@ -141,12 +142,14 @@ class _HeadLogprobs(torch.autograd.Function):
 
 
 def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int, *,
-                      temperature: float, top_p: float = 1.0, top_k: int = 0
+                      temperature: float, top_p: float = 1.0, top_k: int = 0, share_prompt: bool = True
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log-probs (B, R) fp32, entropies (B, R) fp32 without gradient, mask (B, R) bool) of each response token
     under the model's sampling distribution, R the longest response; 0 where the mask is False.
     Differentiable in the model's parameters when grad is enabled. Same values as `forward_response_logits`
-    followed by `sampling_logprobs` and `entropy_from_logits`, with the head applied in chunks."""
+    followed by `sampling_logprobs` and `entropy_from_logits`, with the head applied in chunks. With
+    `share_prompt`, rows that repeat a prompt are laid out with it once (`prompt_sharing`); same values, float
+    rounding aside."""
     if not plain_head(model):
         logits, targets, mask = forward_response_logits(model, prompt_ids, response_ids, pad_id)
         logp = sampling_logprobs(logits, targets, temperature, top_p, top_k) * mask
@@ -154,13 +157,21 @@ def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
             ent = entropy_from_logits(logits, temperature) * mask
         return logp, ent, mask
     device = next(model.parameters()).device
-    ids, att, pos, targets, mask, R = response_layout(prompt_ids, response_ids, pad_id)
-    targets, mask = targets.to(device), mask.to(device)
-    with _head_off(model) as head:
-        hidden = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
-                       use_cache=False, **keep_last(model, R)).logits[:, -R:]  # (B, R, H)
+    lay = shared_prompt_layout(prompt_ids, response_ids, pad_id) if share_prompt else None
+    if lay is not None:  # some prompt's responses share a row
+        mask, targets = lay.mask.to(device), lay.targets.to(device)
+        with _head_off(model) as head:
+            hidden = model(input_ids=lay.input_ids.to(device), attention_mask=lay.attention_mask.to(device),
+                           position_ids=lay.position_ids.to(device), use_cache=False).logits  # (G, T, H)
+        hidden = hidden.reshape(-1, hidden.shape[-1])[lay.read.to(device)]  # (N, H), a prompt's last row repeated
+    else:
+        ids, att, pos, targets, mask, R = response_layout(prompt_ids, response_ids, pad_id)
+        targets, mask = targets.to(device)[mask], mask.to(device)
+        with _head_off(model) as head:
+            hidden = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
+                           use_cache=False, **keep_last(model, R)).logits[:, -R:][mask]  # (N, H)
     rows = max(1, CHUNK_ELEMENTS // head.out_features)
-    flat_logp, flat_ent = _HeadLogprobs.apply(hidden[mask], head.weight, head.bias, targets[mask], temperature,
+    flat_logp, flat_ent = _HeadLogprobs.apply(hidden, head.weight, head.bias, targets, temperature,
                                               top_p, top_k, rows)
     logp = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, flat_logp)
     ent = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, flat_ent)
@@ -169,7 +180,8 @@ def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
 
 @torch.no_grad()
 def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[list[int]], *, temperature: float,
-                      batch_size: int = 256, pad_id: int, top_p: float = 1.0, top_k: int = 0) -> list[torch.Tensor]:
+                      batch_size: int = 256, pad_id: int, top_p: float = 1.0, top_k: int = 0,
+                      share_prompt: bool = True) -> list[torch.Tensor]:
     """Per-token log-probs of each response under the model's sampling distribution (`sampling_logprobs` at
     temperature / top_p / top_k), one fp32 CPU tensor per row; the output head in chunks
     (`response_logprobs`), so no (rows x R x vocabulary) logits exist at once."""
@@ -177,7 +189,8 @@ def sequence_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
     out = []
     for s in range(0, len(prompt_ids), batch_size):
         lp = response_logprobs(model, prompt_ids[s:s + batch_size], response_ids[s:s + batch_size], pad_id,
-                               temperature=temperature, top_p=top_p, top_k=top_k)[0].cpu()
+                               temperature=temperature, top_p=top_p, top_k=top_k,
+                               share_prompt=share_prompt)[0].cpu()
         for i, r in enumerate(response_ids[s:s + batch_size]):
             out.append(lp[i, :len(r)])
     return out

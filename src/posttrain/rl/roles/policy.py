@@ -148,7 +148,8 @@ class PolicyWorker(PolicyWeights, KeptVersions, SPMDWorker):
         self.model.eval()
         with parallel.local_forwards(self.model), precision.autocast(self.bf16):
             lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
-                                   pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
+                                   pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k,
+                                   share_prompt=self.cfg.share_prompt)
         self.model.train()
         return [x.tolist() for x in lp], time.perf_counter() - t0
 
@@ -245,7 +246,7 @@ class PolicyWorker(PolicyWeights, KeptVersions, SPMDWorker):
             with precision.autocast(self.bf16):  # (b, R) fp32, the output head in chunks (models.head_logprobs)
                 logp, ent, mask = response_logprobs(self.net, shard.prompt_ids[lo:hi], shard.response_ids[lo:hi],
                                                     self.tok.pad_token_id, temperature=cfg.temperature,
-                                                    top_p=cfg.top_p, top_k=cfg.top_k)
+                                                    top_p=cfg.top_p, top_k=cfg.top_k, share_prompt=cfg.share_prompt)
             if shard.sampled is not None:  # an episode's environment tokens: context, never trained on
                 mask = mask & loss_mask(shard, lo, hi, mask.shape).to(mask.device)
             old = pad_rows(shard.old_logprobs[lo:hi], logp.shape).to(self.device)

@@ -41,7 +41,8 @@ class ReferenceWorker:
     def log_probs(self, prompt_ids, response_ids, temperature: float) -> tuple[list[list[float]], float]:
         t0 = time.perf_counter()
         lp = sequence_logprobs(self.model, prompt_ids, response_ids, temperature=temperature,
-                               pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
+                               pad_id=self.tok.pad_token_id, top_p=self.cfg.top_p, top_k=self.cfg.top_k,
+                               share_prompt=self.cfg.share_prompt)
         return [x.tolist() for x in lp], time.perf_counter() - t0
 
 
