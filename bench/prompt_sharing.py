@@ -97,6 +97,7 @@ def main() -> int:
     args = ap.parse_args()
     if not MODEL.is_dir():
         raise SystemExit("needs the SmolLM2 folder: make real-model")
+    before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-share-") as tmp:
         base = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT, check=True,
@@ -106,6 +107,7 @@ def main() -> int:
                                  check=True).stdout.strip()
             print(f"# {Path(__file__).name}: base {args.base} against this checkout ({rev}, uncommitted changes "
                   f"included), {args.reps} reps after a warm-up, 2 torch threads")
+            print("## prompt_sharing:")
             print("| task | phase | before s | after s | before / after |")
             print("|---|---|---|---|---|")
             for task in QUESTIONS:
@@ -123,8 +125,9 @@ def main() -> int:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False,
                            capture_output=True)
-    load = os.getloadavg()
-    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    after = os.getloadavg()
+    print("load average before " + " ".join(f"{x:.2f}" for x in before) + ", after "
+          + " ".join(f"{x:.2f}" for x in after))
     return 0
 
 

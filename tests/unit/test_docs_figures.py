@@ -87,6 +87,7 @@ KEPT = {  # generated block -> the kept outputs (bench/results/) its table was m
                  "trl-async-2plus1-after-trim-2026-11-29.txt"],
     "rl_engines": ["rl-engines-2026-11-30.txt"],
     "decode_step": ["decode-step-2026-11-30.txt"],
+    "prompt_sharing": ["prompt-sharing-2026-11-30.txt"],
 }
 """A script writes each block, and its run's output is kept: a block's measured values (numbers with three or more
 decimals: accuracies, step seconds; gains and minutes are derived from them) must each be in one of these files,
