@@ -84,7 +84,7 @@ KEPT = {  # generated block -> the kept outputs (bench/results/) its table was m
     "dense_seeds": ["dense-seeds-2026-11-29.txt"],
     "rollout_engines": ["rollout-engines-2026-11-30.txt"],
     "trl_runs": ["trl-2026-11-27.txt", "trl-2026-11-28.txt", "trl-async-2plus1-2026-11-29.txt",
-                 "trl-async-2plus1-after-trim-2026-11-29.txt"],
+                 "trl-async-2plus1-after-trim-2026-11-29.txt", "trl-prompt-sharing-2026-11-30.txt"],
     "rl_engines": ["rl-engines-2026-11-30.txt"],
     "decode_step": ["decode-step-2026-11-30.txt"],
     "prompt_sharing": ["prompt-sharing-2026-11-30.txt"],
