@@ -166,7 +166,8 @@ def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
         hidden = hidden.reshape(-1, hidden.shape[-1])[lay.read.to(device)]  # (N, H), a prompt's last row repeated
     else:
         ids, att, pos, targets, mask, R = response_layout(prompt_ids, response_ids, pad_id)
-        targets, mask = targets.to(device)[mask], mask.to(device)
+        mask = mask.to(device)
+        targets = targets.to(device)[mask]
         with _head_off(model) as head:
             hidden = model(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device),
                            use_cache=False, **keep_last(model, R)).logits[:, -R:][mask]  # (N, H)
