@@ -3,6 +3,7 @@
 - `model.artifact`: SFT starts from a stored model artifact given by id prefix, reads its weights from the store
   (the user's folder may be gone), and records it as a parent; with sft.enabled=false the artifact passes through.
 - the token budget is checked before any training (no state folder is created for a budget that cannot fit);
+- `sft.tokens`: the steps are worked out from the train rows' measured tokens, run and stored in the config;
 - SFT's resumable state is deleted once the model is stored and kept with sft.keep_state (kept when the run dies,
   and the re-run resumes from it: tests/integration/test_wandb_runs.py, whose killed run checks its wandb run too).
 """
@@ -47,10 +48,16 @@ elif mode == "budget":
                    run_id="t", store=store)
     except ConfigError as e:
         out = {"error": str(e)}
-else:  # "keep" / "drop": train, then report what is left under state/
-    ref = stages.sft(ModelConfig(base_path=str(base)), sft_cfg(steps=3, keep_state=mode == "keep"), track,
+else:  # "keep" / "drop": train, then report what is left under state/; "drop" under a budget in tokens
+    from posttrain.data.lengths import check_budget
+    from posttrain.models.io import load_tokenizer
+    lengths = check_budget(ds, load_tokenizer(base), max_seq_len=256, max_new_tokens=0, sft=True)
+    tokens = int(2.5 * 16 * lengths.total_conversation_tokens / lengths.num_rows)  # 2.5 steps of 16 rows: 3 steps
+    budget = {"steps": 3} if mode == "keep" else {"steps": 0, "tokens": tokens}
+    ref = stages.sft(ModelConfig(base_path=str(base)), sft_cfg(**budget, keep_state=mode == "keep"), track,
                      dataset=data, tokenizer=None, run_id="t", store=store)
-    out = {"model": ref.id}
+    m = store.manifest(ref.id)
+    out = {"model": ref.id, "tokens": tokens, "config": m.config["sft"], "history": len(m.extra["history"])}
 state = Path(home) / "state" / "sft"
 out["state"] = sorted(str(p.relative_to(state)) for p in state.glob("*/*")) if state.exists() else []
 print("RESULT" + json.dumps(out))
@@ -85,7 +92,10 @@ def test_a_budget_that_cannot_fit_stops_sft_before_any_training(tmp_path, tiny_s
 
 @pytest.mark.timeout(900)
 def test_sft_state_is_deleted_after_success_and_kept_with_keep_state(tmp_path, tiny_sft_model):
-    dropped, _ = _run(tmp_path / "a", tiny_sft_model, "drop")
+    dropped, log = _run(tmp_path / "a", tiny_sft_model, "drop")
     assert dropped["state"] == []
+    # sft.tokens: 2.5 steps' worth of the train rows' mean conversation -> 3 steps, run, stored and printed
+    assert (dropped["config"]["steps"], dropped["config"]["tokens"], dropped["history"]) == (3, dropped["tokens"], 3)
+    assert f"sft: sft.tokens={dropped['tokens']} gives 3 steps of 16 examples" in log
     kept, _ = _run(tmp_path / "b", tiny_sft_model, "keep")
     assert kept["state"] and all(p.split("/")[1].startswith("step-") for p in kept["state"])

@@ -40,6 +40,8 @@ def test_overrides_change_one_field_and_keep_the_rest():
 
 @pytest.mark.parametrize("overrides, field", [
     ('{"sft": {"steps": 0}}', "sft.steps"),
+    ('{"sft": {"tokens": 100000}}', "sft.steps"),  # a token budget AND steps: one of them would do nothing
+    ('{"sft": {"steps": 0, "tokens": -5}}', "sft.tokens"),
     ('{"sft": {"global_batch_size": 63}}', "sft.global_batch_size"),
     ('{"sft": {"lr": "fast"}}', "sft.lr"),
     ('{"rl": {"kl_estimator": "k9"}}', "rl.kl_estimator"),

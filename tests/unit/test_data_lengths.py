@@ -55,6 +55,7 @@ def test_report_measures_every_row_with_the_chat_template(setup):
     convs = [_conv_len(tok, e) for e in train]
     sft = check_budget(ds, tok, max_seq_len=max(convs), max_new_tokens=0, sft=True)
     assert (sft.num_rows, sft.max_conversation_tokens, sft.splits) == (3, max(convs), ("train",))
+    assert sft.total_conversation_tokens == sum(convs) and rep.total_conversation_tokens is None  # sft.tokens' base
     with pytest.raises(dataclasses.FrozenInstanceError):
         sft.num_rows = 0
 
@@ -114,3 +115,18 @@ def test_prompt_only_rows_and_system_prompts_count(tmp_path):
     system_turn = len(tok(tok.apply_chat_template([{"role": "system", "content": "you are terse"}], tokenize=False),
                           add_special_tokens=False)["input_ids"])
     assert plain.num_rows == 3 and sys_.max_prompt_tokens == plain.max_prompt_tokens + system_turn
+
+
+def test_a_token_budget_becomes_steps_and_refuses_a_warm_up_it_cannot_hold(setup):
+    from posttrain.config import SFTConfig
+    from posttrain.stages.sft import with_token_budget
+
+    tok, ds = setup
+    lengths = check_budget(ds, tok, max_seq_len=256, max_new_tokens=0, sft=True)
+    mean = sum(_conv_len(tok, e) for e in _rows(ds, "train")) / 3
+    cfg = SFTConfig(steps=0, tokens=int(10 * 4 * mean) + 1, global_batch_size=4, warmup_steps=2)
+    assert with_token_budget(cfg, lengths, "sft").steps == 11  # 10 steps of 4 rows and one token more: 11
+    assert with_token_budget(SFTConfig(steps=7), lengths, "sft").steps == 7  # a budget in steps is left alone
+    with pytest.raises(ConfigError, match=r"^dpo.warmup_steps=2 does not fit: dpo.tokens=\d+ gives 1 steps of 4 "
+                                          r"examples \(the 3 train rows hold [\d.]+ tokens each on average\)"):
+        with_token_budget(SFTConfig(steps=0, tokens=10, global_batch_size=4, warmup_steps=2), lengths, "dpo")

@@ -139,7 +139,13 @@ def _check_trainer(s: SFTConfig, name: str, sft_nproc: int | None = None) -> Non
         _check(s.nproc in (0, sft_nproc), f"{name}.nproc",
                f"must equal sft.nproc = {sft_nproc} (or 0: the same): every dense objective's task runs on the same "
                f"Elastic group (POSTTRAIN_SFT_NPROC processes per node)")
-    _check(s.steps >= 1, f"{name}.steps", "must be >= 1")
+    _check(s.tokens >= 0, f"{name}.tokens", "must be >= 0 (0: the budget is steps)")
+    if s.tokens:
+        _check(s.steps == 0, f"{name}.steps",
+               f"must be 0 when {name}.tokens is set (the steps are then worked out from the token budget): "
+               f"set one of the two")
+    else:
+        _check(s.steps >= 1, f"{name}.steps", f"must be >= 1 (or 0 with a token budget in {name}.tokens)")
     nproc = s.nproc or sft_nproc or 1
     _check(s.nproc >= 1 or sft_nproc is not None, f"{name}.nproc", "must be >= 1")
     _check(s.micro_batch_size >= 1, f"{name}.micro_batch_size", "must be >= 1")
@@ -147,7 +153,8 @@ def _check_trainer(s: SFTConfig, name: str, sft_nproc: int | None = None) -> Non
            f"must be a multiple of {name}.micro_batch_size * {name}.nproc = {s.micro_batch_size * nproc}")
     _check(s.lr > 0, f"{name}.lr", "must be > 0")
     _check(0 <= s.min_lr_ratio <= 1, f"{name}.min_lr_ratio", "must be in [0, 1]")
-    _check(0 <= s.warmup_steps < s.steps, f"{name}.warmup_steps", f"must be in [0, {name}.steps)")
+    _check(s.warmup_steps >= 0 and (s.tokens or s.warmup_steps < s.steps), f"{name}.warmup_steps",
+           f"must be in [0, {name}.steps)")  # under a token budget, checked once the steps are known
     _check(s.max_grad_norm >= 0, f"{name}.max_grad_norm", "must be >= 0")
     _check(s.save_every >= 0, f"{name}.save_every", "must be >= 0")
     _check(s.pack_length == 0 or s.pack_length >= 8, f"{name}.pack_length", "must be 0 (model.max_seq_len) or >= 8")

@@ -216,7 +216,13 @@ class SFTConfig:
     enabled: bool = True
     """Run SFT. false: the pipeline starts RL (and evaluation) from `model.base_path` or `model.artifact`."""
     steps: int = 300
-    """Optimizer steps."""
+    """Optimizer steps. 0 when `tokens` sets the budget instead."""
+    tokens: int = 0
+    """A budget in tokens instead of steps (`steps` must then be 0): the stage measures the train split's
+    conversations with the model's tokenizer and chat template before it trains and runs
+    ceil(tokens / (global_batch_size x their mean length)) steps, printed and stored in the model's config. Rows
+    of different lengths then cost about the same time for the same budget (packed rows hold tokens, not
+    examples). 0: use `steps`."""
     global_batch_size: int = 64
     """Examples per optimizer step, summed over ranks and micro-batches."""
     micro_batch_size: int = 32

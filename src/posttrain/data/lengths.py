@@ -33,6 +33,9 @@ class LengthReport:
     mean_prompt_tokens: float
     max_conversation_tokens: int | None
     """Longest whole conversation (SFT only; None otherwise)."""
+    total_conversation_tokens: int | None = None
+    """All the conversations' tokens, what one pass over the rows puts through the model (SFT only: a preference
+    pair counts both of its conversations; None otherwise). `sft.tokens` divides by it."""
     longest: str
     """Where the longest row is: "<split>.jsonl line N"."""
     max_seq_len: int
@@ -53,15 +56,16 @@ def check_budget(dataset_dir: str | Path, tokenizer, *, max_seq_len: int, max_ne
     """Measure every row of `splits` (default: train for SFT, train and eval otherwise); raise ConfigError
     when a row does not fit the budget, else return the LengthReport."""
     splits = splits or (("train",) if sft else ("train", "eval"))
-    rows = []  # (split, line, example, prompt tokens, conversation tokens or None)
+    rows = []  # (split, line, example, prompt tokens, longest conversation's tokens, all its tokens; None unless sft)
     for split in splits:
         for line, ex in enumerate(read_examples(dataset_dir, split), start=1):
             n_prompt = len(encode_prompt(tokenizer, prompt_messages(ex)))
-            n_conv = None
-            if sft:  # a preference pair: the longer of its two conversations
+            n_conv = n_all = None
+            if sft:  # a preference pair: the longer of its two conversations must fit; both go through the model
                 convs = pair_conversations(ex) if is_preference(ex) else [ex["messages"]]
-                n_conv = max(len(tokenize_for_training(tokenizer, c, sys.maxsize)[0]) for c in convs)
-            rows.append((split, line, ex, n_prompt, n_conv))
+                lens = [len(tokenize_for_training(tokenizer, c, sys.maxsize)[0]) for c in convs]
+                n_conv, n_all = max(lens), sum(lens)
+            rows.append((split, line, ex, n_prompt, n_conv, n_all))
     if not rows:
         raise ConfigError(f"{dataset_dir}: no rows in split(s) {list(splits)} to measure")
 
@@ -72,7 +76,7 @@ def check_budget(dataset_dir: str | Path, tokenizer, *, max_seq_len: int, max_ne
         need = [r[3] + max_new_tokens for r in rows]
         what = f"prompts + {new_tokens_setting}={max_new_tokens} new tokens"
     worst = max(range(len(rows)), key=lambda i: (need[i], -i))  # first of the longest
-    split, line, ex, n_prompt, _ = rows[worst]
+    split, line, ex, n_prompt, _, _ = rows[worst]
     over = sum(n > max_seq_len for n in need)
     if over:
         if sft:
@@ -90,5 +94,6 @@ def check_budget(dataset_dir: str | Path, tokenizer, *, max_seq_len: int, max_ne
     return LengthReport(num_rows=len(rows), max_prompt_tokens=max(prompts),
                         mean_prompt_tokens=sum(prompts) / len(prompts),
                         max_conversation_tokens=max(r[4] for r in rows) if sft else None,
+                        total_conversation_tokens=sum(r[5] for r in rows) if sft else None,
                         longest=f"{split}.jsonl line {line}", max_seq_len=max_seq_len,
                         max_new_tokens=max_new_tokens, sft=sft, splits=tuple(splits))

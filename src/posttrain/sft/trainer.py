@@ -166,6 +166,9 @@ def run_sft(*, model_cfg: ModelConfig, sft_cfg: SFTConfig, tracking_cfg: Trackin
     # once: without this, N ranks x all-cores threads spin against each other (measured ~100x slower).
     if os.environ.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if sft_cfg.steps < 1:  # 0 steps would store the start model as if trained
+        raise ValueError(f"{objective_of(sft_cfg).value}.steps={sft_cfg.steps}: a budget in tokens is turned into steps "
+                         "before training (posttrain.stages.sft.with_token_budget); give run_sft the steps")
     info = init_distributed(sft_cfg.backend)
     _check_world(sft_cfg, info)
     objective = objective_for(sft_cfg)

@@ -4,9 +4,12 @@ rank 0 and return its handle."""
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
 from posttrain.artifacts.state import StateDir
@@ -31,6 +34,9 @@ from posttrain.stages.support import (
     without_keep_state,
 )
 from posttrain.tracking.wandb_run import WandbRun
+
+if TYPE_CHECKING:
+    from posttrain.data.lengths import LengthReport
 
 
 def sft_cache_key(store: ArtifactStore, model: ModelConfig, sft: SFTConfig, dataset: ArtifactRef,
@@ -118,8 +124,9 @@ def _train_fresh(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *
         check_same_tokenizer(base_dir, frozen_dir, names=(f"the start model {start.short}",
                                                          f"{_frozen_setting(objective)} {frozen.short}"))
     # Every rank measures (cheap), so that all of them stop on a budget that cannot fit.
-    check_budget(ds_dir, base_dir or tok_dir, max_seq_len=model.max_seq_len, max_new_tokens=0, sft=True,
-                  setting="")
+    lengths = check_budget(ds_dir, base_dir or tok_dir, max_seq_len=model.max_seq_len, max_new_tokens=0, sft=True,
+                           setting="")
+    cfg = with_token_budget(cfg, lengths, stage)  # the same steps on every rank: the same rows, the same tokenizer
     state = StateDir.under_store(store.root, stage, key)  # stable across retries and nodes: a killed run resumes
     if rank == 0:
         print(f"{stage}: state in {state}", flush=True)
@@ -159,6 +166,24 @@ def _train_fresh(model: ModelConfig, cfg: SFTConfig, tracking: TrackingConfig, *
         drop_state(state)
     print(f"{stage}: {kind} {ref.short} (final loss {metrics.get('loss', float('nan')):.4f})")
     return ref
+
+
+def with_token_budget(cfg: SFTConfig, lengths: LengthReport, stage: str) -> SFTConfig:
+    """`cfg` with its steps worked out from `<stage>.tokens` and the train split's measured conversations:
+    ceil(tokens / (global_batch_size x their mean length)); unchanged when the budget is `steps`. Refused
+    (ConfigError) when the warm-up would not fit in the steps the budget gives."""
+    if not cfg.tokens:
+        return cfg
+    mean = lengths.total_conversation_tokens / lengths.num_rows
+    steps = math.ceil(cfg.tokens / (cfg.global_batch_size * mean))
+    how = (f"{stage}.tokens={cfg.tokens} gives {steps} steps of {cfg.global_batch_size} examples (the "
+           f"{lengths.num_rows} train rows hold {mean:.1f} tokens each on average)")
+    if cfg.warmup_steps >= steps:
+        raise ConfigError(f"{stage}.warmup_steps={cfg.warmup_steps} does not fit: {how}; lower the warm-up or raise "
+                          f"the budget")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"{stage}: {how}", flush=True)
+    return replace(cfg, steps=steps)
 
 
 def _frozen_setting(objective: Objective) -> str:

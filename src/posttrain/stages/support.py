@@ -7,10 +7,14 @@ import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from posttrain.artifacts.state import StateDir
 from posttrain.config import RLConfig, SFTConfig, to_dict
 from posttrain.tracking.wandb_run import WandbRun
+
+if TYPE_CHECKING:
+    from posttrain.data.lengths import LengthReport
 
 _SRC = Path(__file__).resolve().parents[1]  # src/posttrain
 
@@ -44,15 +48,16 @@ def without_keep_state(cfg: SFTConfig | RLConfig) -> dict:
 
 
 def check_budget(dataset_dir: Path, tokenizer_dir: Path, *, max_seq_len: int, max_new_tokens: int, sft: bool,
-                  setting: str) -> None:
+                  setting: str) -> LengthReport:
     """Refuse (ConfigError naming the rows and the setting) a token budget some rows cannot fit, measured with
-    the tokenizer the stage trains with: the start model's own, or the trained one for a from-scratch model."""
+    the tokenizer the stage trains with: the start model's own, or the trained one for a from-scratch model;
+    return the measurements."""
     from posttrain.data.lengths import check_budget
     from posttrain.models.io import load_tokenizer
 
     kwargs = {} if sft else {"splits": ("train",), "new_tokens_setting": setting}
-    check_budget(dataset_dir, load_tokenizer(tokenizer_dir), max_seq_len=max_seq_len, max_new_tokens=max_new_tokens,
-                 sft=sft, **kwargs)
+    return check_budget(dataset_dir, load_tokenizer(tokenizer_dir), max_seq_len=max_seq_len,
+                        max_new_tokens=max_new_tokens, sft=sft, **kwargs)
 
 
 def drop_state(state: StateDir) -> None:
