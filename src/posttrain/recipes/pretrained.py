@@ -126,31 +126,37 @@ def small_instruct_sft_rl_cpu() -> PipelineConfig:
     (bench/results/real-model-tasks-2026-11-30.txt), and there RL moved 2-term sums only. SFT on the train rows'
     answers first gives RL a model that answers in the task's form and is right often enough for its groups.
 
-    - sft: LoRA (rank 16, as small_instruct_lora_cpu), 160 steps of 16 (~2.5 epochs of 1,000 rows) at lr 2e-4
-      with 4 warm-up steps and cosine decay to 2e-5, on 2 ranks x micro-batch 4; checkpointed once, at the end
-      (the stage takes ~12 min here). Measured on the validation split (bench/results/real-model-sft-probe-
-      2026-11-30.txt): chain_sum greedy 0.199 -> 0.504 after 160 steps, 0.227 -> 0.160 after 40 (the model
-      unlearns its sentence answers before it learns the sums); number_sorting 0.000 -> 0.684 after 160, but its
-      ~205-token rows fill a packed row each, so the stage took 50 min here against chain_sum's 12.
-    - data.pass_rate: 8 samples for each of the first 384 train prompts, at RL's temperature; RL keeps those the
-      SFT model solves sometimes but not always.
+    - sft: LoRA (rank 16, as small_instruct_lora_cpu) on a budget of 225,000 tokens (`sft.tokens`: the steps are
+      worked out from the train rows' measured length, so a family of long rows gets fewer steps, not more time),
+      16 rows a step at lr 6e-4 with 4 warm-up steps and cosine decay to 6e-5, on 2 ranks x micro-batch 4;
+      checkpointed once, at the end. chain_sum's ~52-token rows give 268 steps, number_sorting's ~220-token rows 64;
+      each took ~17 min here. Chosen on the validation split over both families (bench/results/real-model-sft-
+      probe-2026-11-30.txt, runs 5-8), greedy after SFT from the folder's 0.199 / 0.000:
+      lr 2e-4 -> chain_sum 0.688, number_sorting 0.352; lr 6e-4 -> 0.742, 0.617. A budget in steps could not
+      serve both within the hour: 160 steps gave chain_sum 0.504 in ~12 min but took number_sorting 50 min.
+    - data.pass_rate: 8 samples for each of the first 256 train prompts, at RL's temperature; RL keeps those the
+      SFT model solves sometimes but not always (256, not 384: number_sorting's selection would otherwise take
+      ~10 of the hour's minutes).
     - rl: GRPO on new adapters over the SFT model, 8 prompts x 8 samples, lr 5e-5, temperature 0.7, KL 0.05 to the
       SFT model (adapters off), 30 steps (~40 s a step for chain_sum here); 48 new tokens (a list of four numbers
       is ~25). lr 5e-5, not small_instruct_lora_cpu's 3e-4: over the SFT model 3e-4 took chain_sum's validation
       greedy 0.504 -> 0.422 (KL 0.95 at step 2); 5e-5 gave 0.504 -> 0.520, RL's own part +0.016 (-0.027, +0.058)
       paired, and the folder -> RL change +0.320 (+0.253, +0.383) (seed 0; bench/results/real-model-sft-rl-
-      validation-2026-11-30.txt). RL adds nothing measurable yet: its settings over SFT are still to be swept.
+      validation-2026-11-30.txt; that SFT was 160 steps at 2e-4). RL adds nothing measurable yet: its settings over
+      SFT are still to be swept. rl.micro_batch_size 8: the policy scores a prompt's 8 samples in one micro-batch,
+      so prompt sharing (rl.share_prompt) puts the prompt through the model once per update instead of twice; the
+      loss is normalised over the global batch, so the math is the same.
     - model.gradient_checkpointing false: LoRA's activations are small beside the frozen weights here, and it is
       ~15% faster a step.
     - eval: greedy, 48 new tokens."""
     base = small_instruct_lora_cpu()
     return replace(
         base, name="small_instruct_sft_rl_cpu",
-        data=replace(base.data, pass_rate=PassRateConfig(enabled=True, samples_per_prompt=8, max_prompts=384)),
+        data=replace(base.data, pass_rate=PassRateConfig(enabled=True, samples_per_prompt=8, max_prompts=256)),
         model=replace(base.model, gradient_checkpointing=False),
-        sft=replace(base.sft, enabled=True, steps=160, lr=2e-4, warmup_steps=4, save_every=160),
+        sft=replace(base.sft, enabled=True, steps=0, tokens=225_000, lr=6e-4, warmup_steps=4, save_every=0),
         eval=replace(base.eval, max_new_tokens=48),
-        rl=replace(base.rl, steps=30, lr=5e-5, temperature=0.7, kl_coef=0.05, max_new_tokens=48))
+        rl=replace(base.rl, steps=30, lr=5e-5, temperature=0.7, kl_coef=0.05, max_new_tokens=48, micro_batch_size=8))
 
 
 def small_instruct_calculator_cpu() -> PipelineConfig:
