@@ -138,12 +138,13 @@ def small_instruct_sft_rl_cpu() -> PipelineConfig:
       SFT model solves sometimes but not always (256, not 384: number_sorting's selection would otherwise take
       ~10 of the hour's minutes).
     - rl: GRPO on new adapters over the SFT model, 8 prompts x 8 samples, lr 5e-5, temperature 0.7, KL 0.05 to the
-      SFT model (adapters off), 30 steps (~40 s a step for chain_sum here); 48 new tokens (a list of four numbers
+      SFT model (adapters off), 30 steps (~42-52 s a step for number_sorting here, far less for chain_sum); 48 new tokens (a list of four numbers
       is ~25). lr 5e-5, not small_instruct_lora_cpu's 3e-4: over the SFT model 3e-4 took chain_sum's validation
       greedy 0.504 -> 0.422 (KL 0.95 at step 2); 5e-5 gave 0.504 -> 0.520, RL's own part +0.016 (-0.027, +0.058)
       paired, and the folder -> RL change +0.320 (+0.253, +0.383) (seed 0; bench/results/real-model-sft-rl-
-      validation-2026-11-30.txt; that SFT was 160 steps at 2e-4). RL adds nothing measurable yet: its settings over
-      SFT are still to be swept. rl.micro_batch_size 8: the policy scores a prompt's 8 samples in one micro-batch,
+      validation-2026-11-30.txt; that SFT was 160 steps at 2e-4). Over this SFT, RL's own part on validation:
+      number_sorting +0.051 (+0.019, +0.083), chain_sum +0.023 (-0.012, +0.059) (bench/results/real-model-recipe-
+      validation-2026-11-30.txt); its settings over SFT are still to be swept. rl.micro_batch_size 8: the policy scores a prompt's 8 samples in one micro-batch,
       so prompt sharing (rl.share_prompt) puts the prompt through the model once per update instead of twice; the
       loss is normalised over the global batch, so the math is the same.
     - model.gradient_checkpointing false: LoRA's activations are small beside the frozen weights here, and it is
