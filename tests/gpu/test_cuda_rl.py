@@ -105,6 +105,9 @@ for m in history:
     assert all(math.isfinite(v) for v in flat.values() if isinstance(v, float)), flat
     print("STEP", {k: v for k, v in flat.items() if k in ("step", "reward_mean", "drift", "loss", "kl", "grad_norm",
                                                           "async/staleness_max", "mismatch/kl")})
+# step 1 scores the reference (bf16 on CUDA, prompt-shared rows) against the untrained fp32 policy: the same weights
+# up to bf16 rounding (an fp32 mask read as bf16 by cuDNN's attention once gave 4.2 here; attention_bias.py)
+assert history[0].flat()["kl"] < 1e-2, history[0].flat()["kl"]
 print("RESULT ok", torch.cuda.max_memory_allocated() / 2**20)
 """
 

@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from posttrain.config import LoraConfig
+from posttrain.models.attention_bias import attention_bias
 from posttrain.models.generate import distinct_rows, generate
 from posttrain.models.head_logprobs import plain_head, response_logprobs
 from posttrain.models.lora import add_adapters
@@ -98,3 +99,56 @@ def test_generation_prefills_each_distinct_prompt_once_and_decodes_as_separate_r
     assert [g.response_ids for g in shared] == [alone[0].response_ids] * 3 + [alone[1].response_ids] * 3
     for g, a in zip(shared, [alone[0]] * 3 + [alone[1]] * 3):
         assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(a.logprobs), atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["bf16 weights", "bf16 autocast"])
+def test_shared_rows_on_cuda_match_the_padded_rows(precision):
+    """On CUDA the 4D mask goes to the GPU's attention kernels: as the bf16 rollout / reference models score
+    (bf16 weights) and as the policy's update runs (fp32 weights under bf16 autocast), shared rows give the
+    padded rows' log-probs within bf16 rounding, nothing is NaN, and the update's gradients agree."""
+    model = _llama().cuda()
+    if precision == "bf16 weights":
+        model = model.to(torch.bfloat16)
+    weights = torch.randn(len(PROMPTS), 5, device="cuda")
+    out = {}
+    for share in (False, True):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16 autocast"):
+            logp, ent, mask = response_logprobs(model, PROMPTS, RESPONSES, 0, temperature=0.7, top_p=0.9,
+                                                top_k=40, share_prompt=share)
+        out[share] = (logp, ent, mask, _grads(model, logp, mask, weights))
+    (want_lp, want_ent, want_mask, want), (lp, ent, mask, got) = out[False], out[True]
+    assert torch.equal(mask, want_mask)
+    assert torch.isfinite(lp).all() and torch.isfinite(ent).all()
+    assert torch.allclose(lp[mask], want_lp[mask], atol=0.05), (lp[mask] - want_lp[mask]).abs().max()
+    assert torch.allclose(ent[mask], want_ent[mask], atol=0.05)
+    for n in want:
+        g, w = got[n].float(), want[n].float()
+        assert torch.isfinite(g).all(), n
+        assert torch.nn.functional.cosine_similarity(g.flatten(), w.flatten(), dim=0) > 0.99, n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generation_on_cuda_prefills_each_prompt_once_with_the_separate_rows_tokens():
+    model = _llama().cuda().eval()
+    shared = generate(model, [A, B], max_new_tokens=5, temperature=0.0, n=3, eos_id=1, pad_id=0)
+    apart = generate(model, [A, A, A, B, B, B], max_new_tokens=5, temperature=0.0, n=1, eos_id=1, pad_id=0)
+    assert [g.response_ids for g in shared] == [g.response_ids for g in apart]
+    low = generate(model.to(torch.bfloat16), [A, B], max_new_tokens=5, temperature=1.0, n=3, eos_id=1, pad_id=0)
+    assert len(low) == 6 and all(len(g.response_ids) >= 1 for g in low)
+    assert all(torch.isfinite(torch.tensor(g.logprobs)).all() for g in low)
+
+
+def test_the_mask_reaches_attention_in_the_dtype_attention_computes_in():
+    """cuDNN's attention reads an fp32 mask beside bf16 queries as bf16 (models/attention_bias.py): the mask
+    follows the model's weights, or the autocast dtype where autocast is on."""
+    lay = shared_prompt_layout([A, A], [[20, 21], [23]], pad_id=0)
+    cpu = torch.device("cpu")
+    model = _llama()
+    assert attention_bias(lay.attention_mask, model, cpu).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attention_bias(lay.attention_mask, model, cpu).dtype == torch.bfloat16
+    low = attention_bias(lay.attention_mask, model.to(torch.bfloat16), cpu)
+    assert low.dtype == torch.bfloat16 and torch.equal(low.isinf(), lay.attention_mask.isinf())

@@ -33,6 +33,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from posttrain.models.attention_bias import attention_bias
 from posttrain.models.generate import (
     _truncation_mask,
     entropy_from_logits,
@@ -161,7 +162,8 @@ def response_logprobs(model, prompt_ids: list[list[int]], response_ids: list[lis
     if lay is not None:  # some prompt's responses share a row
         mask, targets = lay.mask.to(device), lay.targets.to(device)
         with _head_off(model) as head:
-            hidden = model(input_ids=lay.input_ids.to(device), attention_mask=lay.attention_mask.to(device),
+            hidden = model(input_ids=lay.input_ids.to(device),
+                           attention_mask=attention_bias(lay.attention_mask, model, device),
                            position_ids=lay.position_ids.to(device), use_cache=False).logits  # (G, T, H)
         hidden = hidden.reshape(-1, hidden.shape[-1])[lay.read.to(device)]  # (N, H), a prompt's last row repeated
     else:

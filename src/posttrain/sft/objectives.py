@@ -34,6 +34,7 @@ import torch
 
 from posttrain.config import DistillConfig, DPOConfig, DPOLoss, Objective, RewardModelConfig, SFTConfig, objective_of
 from posttrain.data.chat import tokenize_for_training
+from posttrain.models.attention_bias import attention_bias
 from posttrain.sft.batching import IGNORE, Batch, Sequence, sequence_sums, token_losses
 from posttrain.sft.losses import bradley_terry_losses, distill_token_losses, dpo_losses
 from posttrain.spmd import precision
@@ -42,7 +43,8 @@ from posttrain.spmd import precision
 def _logits(model, b: Batch, device, autocast: bool) -> torch.Tensor:
     with precision.autocast(autocast):
         return model(input_ids=b.input_ids.to(device), position_ids=b.position_ids.to(device),
-                     attention_mask=b.attention_mask.to(device), use_cache=False).logits  # (B, T, V)
+                     attention_mask=attention_bias(b.attention_mask, model, device),
+                     use_cache=False).logits  # (B, T, V)
 
 
 def _demonstration(example: dict) -> list[dict]:
@@ -167,7 +169,7 @@ class RewardModelObjective(_PairObjective):
     def loss(self, model, frozen, b: Batch, counts: dict, device, autocast: bool) -> tuple[torch.Tensor, dict]:
         with precision.autocast(autocast):
             scores = model(input_ids=b.input_ids.to(device), position_ids=b.position_ids.to(device),
-                           attention_mask=b.attention_mask.to(device))  # (B, T): the head at every position
+                           attention_mask=attention_bias(b.attention_mask, model, device))  # (B, T): head everywhere
         r = scores.float().reshape(-1)[b.pool_index.to(device)]  # (N,)
         losses = bradley_terry_losses(r[0::2], r[1::2], center_rewards_coef=self.cfg.center_rewards_coef)
         loss = losses.sum() / counts["pairs"]
