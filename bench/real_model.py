@@ -10,6 +10,8 @@
     .venv/bin/python bench/real_model.py --seeds 1 ... --rows-from seed0.log --write-readme  # a seed per run, one table
     .venv/bin/python bench/real_model.py --recipe small_instruct_sft_rl_cpu --family sorting --split held_out_first \
         --seeds 0 --on validation                           # SFT on the train rows, then RL; scored on validation
+    .venv/bin/python bench/real_model.py --recipe small_instruct_sft_rl_cpu --split held_out_first --seeds 1 \
+        --against-no-selection    # then the recipe without pass-rate selection at equal wall time, same store
 
 What it does, as a user would with their own model, data and scorer (the task's pieces live in bench/rg_task.py):
 1. installs reasoning-gym (PyPI, pinned) with `pip install --target` into `<cache>/reasoning-gym/<version>`,
@@ -45,7 +47,12 @@ What it does, as a user would with their own model, data and scorer (the task's 
    a table is never written into the docs), and reads the greedy accuracy of the folder (with SFT: evaluated alone
    after the run, `eval_pipeline`), of the SFT model and of the RL model, and the paired 95% interval of each
    change over the same problems;
-5. reads both evaluations' greedy completions back from the store and counts how often the completion's answer,
+5. with `--against-no-selection` (a recipe that selects prompts by pass rate): runs the recipe again in the same
+   store without the selection (SFT and its evaluation are cached), its RL given the selection's measured seconds
+   (the selection dataset's `seconds`) as extra steps at the first run's mean step time, so selection + RL and RL
+   alone take the same wall time; prints both RL models' greedy accuracy on the same test problems and the paired
+   difference with its 95% interval (selection's gain, whichever way it falls);
+6. reads both evaluations' greedy completions back from the store and counts how often the completion's answer,
    read as the family's reward reads it, is the answer ("arithmetic right": the last number; "word right": the
    last word, case ignored), whatever the wording, so a gain in the scorer's accuracy can be told apart into
    saying the answer as asked and getting it right.
@@ -152,6 +159,67 @@ def keep_run(home: Path, dest: Path) -> None:
     (dest / "steps.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
 
 
+def rl_step_seconds(manifests: list[Path]) -> list[float]:
+    """Each RL step's seconds, from the model among `manifests` with the longest history (the last RL checkpoint's
+    `extra.history`, as `keep_run` reads it); [] when none has one."""
+    steps: list[float] = []
+    for path in manifests:
+        m = json.loads(path.read_text())
+        history = (m.get("extra") or {}).get("history") or []
+        if m["kind"] == "model" and len(history) > len(steps):
+            steps = [h["step_s"] for h in history]
+    return steps
+
+
+def against_no_selection(seed: int, recipe: str, over: dict, home: Path) -> dict:
+    """The recipe again in the selected run's store (SFT and its evaluation cached), without pass-rate selection,
+    its RL given the selection's seconds as extra steps at the selected run's mean step time (equal wall time for
+    selection + RL); the paired difference on the same problems, the selected run's RL model minus this one's."""
+    from posttrain.config import PassRateConfig, to_dict
+    from posttrain.eval.intervals import paired_change
+    from posttrain.recipes import resolve
+
+    first = sorted((home / "objects").glob("*/manifest.json"))
+    selection = [json.loads(p.read_text())["metrics"]["seconds"] for p in first
+                 if (json.loads(p.read_text()).get("extra") or {}).get("stage") == "pass_rate"]
+    step_s = rl_step_seconds(first)
+    if len(selection) != 1 or not step_s:
+        raise SystemExit(f"{home}: expected one pass-rate selection (with its seconds) and RL steps")
+    steps = resolve(recipe, json.dumps(over)).rl.steps
+    extra = round(selection[0] / statistics.mean(step_s))
+    plain = {**over, "data": {**over["data"], "pass_rate": to_dict(PassRateConfig())},
+             "rl": {**over.get("rl", {}), "steps": steps + extra}}
+    with_selection = evaluations(home)["rl"]
+    row, _ = run_pipeline(seed, recipe, plain, home, what="without pass-rate selection")
+    new = [p for p in sorted((home / "objects").glob("*/manifest.json")) if p not in first]
+    evals = [json.loads((p.parent / "files" / "report.json").read_text())["problems"] for p in new
+             if json.loads(p.read_text())["kind"] == "eval"]
+    plain_s = rl_step_seconds(new)
+    if len(evals) != 1 or len(plain_s) != steps + extra:
+        raise SystemExit(f"{home}: expected the run without selection to add one evaluation and {steps + extra} RL "
+                         f"steps; found {len(evals)} and {len(plain_s)}")
+    without = evals[0]
+    if [(p["prompt"], p["answer"]) for p in without] != [(p["prompt"], p["answer"]) for p in with_selection]:
+        raise SystemExit(f"{home}: the two RL models were not scored on the same problems in order")
+    a, b = [bool(p["correct"]) for p in with_selection], [bool(p["correct"]) for p in without]
+    change = paired_change(a, b)
+    return {"seed": seed, "selection_s": selection[0], "steps": steps, "rl_s": sum(step_s),
+            "plain_steps": steps + extra, "plain_rl_s": sum(plain_s), "selected_greedy": sum(a) / len(a),
+            "plain_greedy": sum(b) / len(b), "d": (sum(a) - sum(b)) / len(a), "low": change.low,
+            "high": change.high, "p": change.p_value, "plain_wall_s": row["wall_s"]}
+
+
+def selection_table(rows: list[dict]) -> str:
+    """Pass-rate selection against none at equal wall time, one row per seed."""
+    lines = [("| seed | selection | RL with selection | RL without (more steps) | with selection greedy "
+              "| without greedy | selection's gain (95% paired interval) |"), "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['seed']} | {r['selection_s'] / 60:.1f} min | {r['steps']} steps, {r['rl_s'] / 60:.1f} min "
+                     f"| {r['plain_steps']} steps, {r['plain_rl_s'] / 60:.1f} min | {r['selected_greedy']:.3f} | "
+                     f"{r['plain_greedy']:.3f} | {r['d']:+.3f} ({r['low']:+.3f}, {r['high']:+.3f}) |")
+    return "\n".join(lines)
+
+
 def overrides(task: dict, extra: dict) -> dict:
     """The run's overrides: the folder, the task's data and reward, then `--overrides`; SFT as the recipe has it."""
     over = {"model": {"base_path": str(MODEL)}, **json.loads(json.dumps(task))}
@@ -247,8 +315,9 @@ def read_earlier(log: Path, argv: list[str]) -> Earlier:
     # compared as words: an older run printed its command unquoted, a newer one shell-quoted (JSON has no ')
     theirs = found[0][0].replace("\n", " ").replace("'", "").split(" --")
     mine = " ".join(_drop(argv, {"--write-readme"}, {"--rows-from"})).split(" --")
-    same = sorted(o for o in theirs if not o.startswith(("--seeds", "seeds", "keep")))
-    if same != sorted(o for o in mine if not o.startswith(("--seeds", "seeds", "keep"))):
+    skip = ("--seeds", "seeds", "keep", "against-no-selection")  # the last adds a second run; the rows are the same
+    same = sorted(o for o in theirs if not o.startswith(skip))
+    if same != sorted(o for o in mine if not o.startswith(skip)):
         raise SystemExit(f"--rows-from {log}: its run's options differ from this one's:\n  {' --'.join(theirs)}\n"
                          f"  {' --'.join(mine)}")
     return Earlier(str(log), rows, found[0][1].replace("\n", " "))
@@ -296,6 +365,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rows-from", type=Path, nargs="+", default=[],
                     help="the saved output of earlier runs of the same command with other seeds: their rows go "
                     "into this run's table (a seed per run within an hour each, one README figure)")
+    ap.add_argument("--against-no-selection", action="store_true",
+                    help="after each seed, the recipe again without pass-rate selection, its RL given the "
+                    "selection's time as extra steps (equal wall time), in the same store; the paired difference")
     ap.add_argument("--write-readme", action="store_true")
     return ap
 
@@ -329,8 +401,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = Sizes(args.train, args.validation_n, args.eval)
     if not (MODEL / "model.safetensors").is_file():
         raise SystemExit(f"{MODEL}: no model folder; run `make real-model` first")
+    if args.against_no_selection and not resolve(args.recipe, args.overrides).data.pass_rate.enabled:
+        raise SystemExit(f"--against-no-selection: recipe {args.recipe} selects no prompts (data.pass_rate)")
     deps = install_reasoning_gym()
-    rows = []
+    rows, versus, failed = [], [], []
     with tempfile.TemporaryDirectory(prefix="posttrain-real-") as tmp:
         task = build_task(Path(tmp) / "task", deps, sizes, reward, args.split, spec, train_spec, evaluate=args.on)
         for s in args.seeds:
@@ -357,11 +431,24 @@ def main(argv: list[str] | None = None) -> int:
                 keep_run(home, args.keep / f"seed{s}")
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if args.against_no_selection:  # a failure here keeps the seed's row and table, and exits 1
+                try:
+                    versus.append(against_no_selection(s, args.recipe, over, home))
+                except SystemExit as e:
+                    failed.append(f"seed {s} against no selection: {e}")
+                    continue
+                print(json.dumps({"against_no_selection": versus[-1]}), flush=True)
     load = os.getloadavg()
     block = table(rows, argv, load, sizes, spec, train_spec, earlier, args.family, args.on)
     print(block)
+    if versus:
+        print("\nPass-rate selection against none at equal wall time (selection + RL's steps; the same test problems):")
+        print(selection_table(versus))
     if args.write_readme:
         print(f"wrote the table into {write_block(block, BEGIN, END)}")
+    if failed:
+        print("\n".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 

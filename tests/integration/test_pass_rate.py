@@ -63,6 +63,7 @@ def test_the_prompts_kept_are_those_the_model_solves_sometimes(tmp_path, tiny_sf
     kept = [i for i, rate in sorted(rates.items()) if 0 < rate < 1]  # ... and are left out, in their order
     assert r["kept"] == [r["train"][i] for i in kept] and r["metrics"]["num_train"] == len(kept) > 0
     assert r["metrics"]["never_solved"] == sum(v == 0 for v in rates.values()) and r["eval_same"]
+    assert r["metrics"]["seconds"] > 0  # what selection cost (bench/real_model.py gives RL those seconds without it)
 
 
 COLD = r"""

@@ -5,6 +5,7 @@ that decide the rates like every stage in `posttrain.stages`."""
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 from posttrain.artifacts import ArtifactRef, ArtifactStore
@@ -34,6 +35,7 @@ def select_prompts(data: DataConfig, rl: RLConfig, reward: RewardConfig, *, mode
     if hit is not None:
         print(f"pass_rate: cache hit -> dataset {hit.short}")
         return hit
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="posttrain-pass-rate-") as tmp:
         info = select_by_pass_rate(model_folder(store, model), store.get(dataset), cfg, rl, reward,
                                    Path(tmp) / "selected")
@@ -42,7 +44,8 @@ def select_prompts(data: DataConfig, rl: RLConfig, reward: RewardConfig, *, mode
                         config={"pass_rate": to_dict(cfg), "sampling": sampling, "reward": to_dict(reward)},
                         metrics={"num_train": info.kept, "sampled": info.sampled, "never_solved": info.never_solved,
                                  "always_solved": info.always_solved, "mean_rate": info.mean_rate,
-                                 "reward_failures": info.reward_failures},
+                                 "reward_failures": info.reward_failures,
+                                 "seconds": time.perf_counter() - t0},  # what selection cost, beside RL's steps
                         extra={"stage": "pass_rate", "source_model": model.id, "source_dataset": dataset.id})
     store.cache_put(key, ref)
     print(f"pass_rate: dataset {ref.short} ({info.kept} of {info.sampled} train prompts kept, from model "
