@@ -418,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 # eval_pipeline selects no prompts: a selection setting there is refused as doing nothing
                 alone = {**over, "data": {**over["data"], "pass_rate": to_dict(PassRateConfig())}}
-                row["folder_greedy"] = greedy_alone(s, args.recipe, alone, home)
+                greedy_alone(s, args.recipe, alone, home)  # prints its greedy to 3 places: read it exactly
+                folder = evaluations(home)["folder"]
+                row["folder_greedy"] = sum(bool(p["correct"]) for p in folder) / len(folder)
                 row["wall_s"] += time.perf_counter() - t0
                 change = paired(home, "rl", "sft")
                 row["over_sft_low"], row["over_sft_high"] = change["low"], change["high"]
