@@ -259,6 +259,10 @@ class BaseOf:
         with adapters_disabled(self.model):
             return self.model(**kwargs)
 
+    def parameters(self):
+        """The trainee's (what decides the dtype its attention mask is given in: models/attention_bias.py)."""
+        return self.model.parameters()
+
 
 def build_trainee(objective: Objective, model_cfg: ModelConfig, tokenizer, base_model_dir):
     """The model that trains: the base folder's (or a fresh one of `model_cfg`), as a causal LM - or, for a
