@@ -144,31 +144,29 @@ def paired(home: Path, after: str, before: str = "folder") -> dict[str, float]:
     return {"low": change.low, "high": change.high, "p": change.p_value}
 
 
-def keep_run(home: Path, dest: Path) -> None:
-    """The run's per-step metrics (steps.jsonl, from the last RL checkpoint's `extra.history`: the RL state folder is
-    gone once the run has finished) and both evaluations' reports (every problem's greedy completion), copied out
-    of the temporary store before it is removed."""
-    dest.mkdir(parents=True, exist_ok=True)
-    history: list[dict] = []
-    for path in sorted((home / "objects").glob("*/manifest.json")):
-        m = json.loads(path.read_text())
-        if m["kind"] == "eval":
-            shutil.copy(path.parent / "files" / "report.json", dest / f"{m['name']}.json")
-        elif len((m.get("extra") or {}).get("history") or []) > len(history):
-            history = m["extra"]["history"]
-    (dest / "steps.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
-
-
-def rl_step_seconds(manifests: list[Path]) -> list[float]:
-    """Each RL step's seconds, from the model among `manifests` with the longest history (the last RL checkpoint's
-    `extra.history`, as `keep_run` reads it); [] when none has one."""
-    steps: list[float] = []
+def rl_history(manifests: list[Path]) -> list[dict]:
+    """The RL steps of the run among `manifests`: the longest `extra.history` whose steps carry `step_s` (an RL
+    checkpoint's; the SFT model's history, often longer, has none); [] when there is none."""
+    steps: list[dict] = []
     for path in manifests:
         m = json.loads(path.read_text())
         history = (m.get("extra") or {}).get("history") or []
-        if m["kind"] == "model" and len(history) > len(steps):
-            steps = [h["step_s"] for h in history]
+        if m["kind"] == "model" and history and all("step_s" in h for h in history) and len(history) > len(steps):
+            steps = history
     return steps
+
+
+def keep_run(home: Path, dest: Path) -> None:
+    """The run's per-step RL metrics (steps.jsonl, from the last RL checkpoint's `extra.history`: the RL state folder
+    is gone once the run has finished) and every evaluation's report (every problem's greedy completion), copied
+    out of the temporary store before it is removed."""
+    dest.mkdir(parents=True, exist_ok=True)
+    manifests = sorted((home / "objects").glob("*/manifest.json"))
+    for path in manifests:
+        m = json.loads(path.read_text())
+        if m["kind"] == "eval":
+            shutil.copy(path.parent / "files" / "report.json", dest / f"{m['name']}.json")
+    (dest / "steps.jsonl").write_text("".join(json.dumps(h) + "\n" for h in rl_history(manifests)))
 
 
 def against_no_selection(seed: int, recipe: str, over: dict, home: Path) -> dict:
@@ -182,7 +180,7 @@ def against_no_selection(seed: int, recipe: str, over: dict, home: Path) -> dict
     first = sorted((home / "objects").glob("*/manifest.json"))
     selection = [json.loads(p.read_text())["metrics"]["seconds"] for p in first
                  if (json.loads(p.read_text()).get("extra") or {}).get("stage") == "pass_rate"]
-    step_s = rl_step_seconds(first)
+    step_s = [h["step_s"] for h in rl_history(first)]
     if len(selection) != 1 or not step_s:
         raise SystemExit(f"{home}: expected one pass-rate selection (with its seconds) and RL steps")
     steps = resolve(recipe, json.dumps(over)).rl.steps
@@ -194,7 +192,7 @@ def against_no_selection(seed: int, recipe: str, over: dict, home: Path) -> dict
     new = [p for p in sorted((home / "objects").glob("*/manifest.json")) if p not in first]
     evals = [json.loads((p.parent / "files" / "report.json").read_text())["problems"] for p in new
              if json.loads(p.read_text())["kind"] == "eval"]
-    plain_s = rl_step_seconds(new)
+    plain_s = [h["step_s"] for h in rl_history(new)]
     if len(evals) != 1 or len(plain_s) != steps + extra:
         raise SystemExit(f"{home}: expected the run without selection to add one evaluation and {steps + extra} RL "
                          f"steps; found {len(evals)} and {len(plain_s)}")
@@ -436,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.against_no_selection:  # a failure here keeps the seed's row and table, and exits 1
                 try:
                     versus.append(against_no_selection(s, args.recipe, over, home))
-                except SystemExit as e:
-                    failed.append(f"seed {s} against no selection: {e}")
+                except (SystemExit, Exception) as e:  # noqa: BLE001 (reported; the exit code says so)
+                    failed.append(f"seed {s} against no selection: {type(e).__name__}: {e}")
                     continue
                 print(json.dumps({"against_no_selection": versus[-1]}), flush=True)
     load = os.getloadavg()

@@ -256,6 +256,54 @@ def test_with_sft_the_table_gives_the_folder_the_sft_model_and_paired_intervals(
         real_model.paired(home, "rl", "sft")
 
 
+def _put(home, name, manifest, problems=None):
+    folder = home / "objects" / name
+    (folder / "files").mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"name": name, **manifest}))
+    if problems is not None:
+        (folder / "files" / "report.json").write_text(json.dumps({"problems": problems}))
+
+
+def test_selection_against_none_gives_rl_the_selections_time_as_steps_and_pairs_the_two_rl_models(
+        bench, tmp_path, monkeypatch):
+    """--against-no-selection on a store laid out as a run leaves it: the SFT model's longer history (no step_s) is
+    not RL's; the selection's 90 s at the RL steps' mean of 9 s become 10 more steps; the run without selection
+    (here a stand-in that writes what the pipeline would) is paired with the selected run's RL model on the same
+    problems. keep_run keeps the RL steps too."""
+    _, real_model, _ = bench
+    home = tmp_path / "store"
+
+    def problems(n):  # 40 problems, the first n right
+        return [{"prompt": f"q{i}", "answer": str(i), "greedy": "", "correct": i < n} for i in range(40)]
+
+    _put(home, "sft", {"kind": "model", "extra": {"stage": "sft", "history": [{"loss": 1.0}] * 268}})
+    _put(home, "sel", {"kind": "dataset", "metrics": {"seconds": 90.0}, "extra": {"stage": "pass_rate"}})
+    _put(home, "rl-ckpt", {"kind": "model", "extra": {"history": [{"step_s": 8.0}] * 10}})
+    _put(home, "rl", {"kind": "model", "extra": {"history": [{"step_s": 8.0}] * 15 + [{"step_s": 10.0}] * 15}})
+    _put(home, "eval-base-x", {"kind": "eval"}, problems(5))
+    _put(home, "eval-sft-x", {"kind": "eval"}, problems(20))
+    _put(home, "eval-grpo-x", {"kind": "eval"}, problems(30))
+    asked = {}
+
+    def without_selection(seed, recipe, over, home_, what=""):
+        asked.update(over)
+        _put(home_, "rl-plain", {"kind": "model", "extra": {"history": [{"step_s": 7.0}] * over["rl"]["steps"]}})
+        _put(home_, "eval-grpo-y", {"kind": "eval"}, problems(25))
+        return {"seed": seed, "wall_s": 300.0}, ""
+
+    monkeypatch.setattr(real_model, "run_pipeline", without_selection)
+    over = {"model": {}, "data": {"pass_rate": {"enabled": True}}, "reward": {}}
+    r = real_model.against_no_selection(1, "small_instruct_sft_rl_cpu", over, home)
+    assert asked["data"]["pass_rate"]["enabled"] is False and asked["rl"]["steps"] == 30 + 10
+    assert (r["steps"], r["plain_steps"], r["rl_s"], r["plain_rl_s"]) == (30, 40, 270.0, 280.0)
+    assert (r["selected_greedy"], r["plain_greedy"], r["d"]) == (0.75, 0.625, 0.125)
+    assert r["low"] < r["d"] < r["high"] and r["p"] == pytest.approx(2 * 0.5 ** 5)  # 5 gained, none lost
+    assert "| 1 | 1.5 min | 30 steps, 4.5 min | 40 steps, 4.7 min | 0.750 | 0.625 | +0.125 (" in (
+        real_model.selection_table([r]))
+    real_model.keep_run(home, tmp_path / "kept")
+    assert len((tmp_path / "kept" / "steps.jsonl").read_text().splitlines()) == 40  # RL's steps, not SFT's 268
+
+
 def test_validation_figures_never_reach_the_docs_and_say_so(bench, tmp_path):
     rg_task, real_model, _ = bench
     for extra in (["--write-readme"], ["--rows-from", str(tmp_path / "x.log")]):
