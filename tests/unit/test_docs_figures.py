@@ -64,7 +64,7 @@ def test_each_generated_block_names_the_script_that_writes_it():
 
 
 KEPT = {  # generated block -> the kept outputs (bench/results/) its table was made from
-    "default_seeds": ["default-seeds-2026-11-30-prompt-sharing.txt"],
+    "default_seeds": ["default-seeds-2026-11-30-mask-dtype.txt"],
     "calculator_seeds": ["calculator-seeds-sft3000-2026-11-29.txt"],
     "guess_number_seeds": ["guess-number-seeds-cpu-2026-11-28.txt"],
     "agent_methods": ["guess-number-methods-cpu-2026-11-29.txt", "guess-number-methods2-cpu-2026-11-29.txt",
