@@ -144,6 +144,17 @@ def paired(home: Path, after: str, before: str = "folder") -> dict[str, float]:
     return {"low": change.low, "high": change.high, "p": change.p_value}
 
 
+RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\(\w+ pid=\d+\)(\x1b\[[0-9;]*m)? ")
+"""What Ray puts before an actor's printed line (the controller's `rl step` lines): its colour codes and name."""
+
+
+def progress_lines(out: str) -> list[str]:
+    """The run's progress worth keeping from its stdout: the SFT budget, the selection, every RL step (printed by
+    the controller actor: Ray's prefix taken off) and the evaluations."""
+    lines = (RAY_PREFIX.sub("", line) for line in out.splitlines())
+    return [line for line in lines if line.startswith(("sft: sft.tokens", "pass_rate:", "rl step", "eval "))]
+
+
 def rl_history(manifests: list[Path]) -> list[dict]:
     """The RL steps of the run among `manifests`: the longest `extra.history` whose steps carry `step_s` (an RL
     checkpoint's; the SFT model's history, often longer, has none); [] when there is none."""
@@ -409,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             home = Path(tmp) / f"home{s}"
             over = overrides(task, json.loads(args.overrides))
             row, out = run_pipeline(s, args.recipe, over, home)
-            print("\n".join(line for line in out.splitlines() if line.startswith(("rl step", "eval ", "pass rate"))))
+            print("\n".join(progress_lines(out)))
             if resolve(args.recipe, json.dumps(over)).sft.enabled:  # the folder's own evaluation, after the run
                 t0 = time.perf_counter()
                 from posttrain.config import PassRateConfig, to_dict

@@ -304,6 +304,16 @@ def test_selection_against_none_gives_rl_the_selections_time_as_steps_and_pairs_
     assert len((tmp_path / "kept" / "steps.jsonl").read_text().splitlines()) == 40  # RL's steps, not SFT's 268
 
 
+def test_the_printed_progress_keeps_the_rl_steps_ray_prefixes(bench):
+    _, real_model, _ = bench
+    out = ("noise\n\x1b[36m(ControllerActor pid=32447)\x1b[0m rl step 1/30: reward_mean=0.77\n"
+           "(ControllerActor pid=9) rl step 2/30: reward_mean=0.8\npass_rate: dataset ab12 (96 of 256 train prompts kept)\n"
+           "eval fa1d of model b5d5: greedy 0.762\n(PolicyWorker pid=3) rl: other\n")
+    assert real_model.progress_lines(out) == ["rl step 1/30: reward_mean=0.77", "rl step 2/30: reward_mean=0.8",
+                                              "pass_rate: dataset ab12 (96 of 256 train prompts kept)",
+                                              "eval fa1d of model b5d5: greedy 0.762"]
+
+
 def test_validation_figures_never_reach_the_docs_and_say_so(bench, tmp_path):
     rg_task, real_model, _ = bench
     for extra in (["--write-readme"], ["--rows-from", str(tmp_path / "x.log")]):
