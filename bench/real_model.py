@@ -89,7 +89,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import statistics
 import sys
 import tempfile
@@ -100,133 +99,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from default_seeds import _commit, greedy_alone, run_pipeline, write_block
 from rg_task import CACHE, FAMILIES, REWARDS, RG_VERSION, Family, Sizes, build_task, check_split, install_reasoning_gym
+from run_store import answers_right, evaluations, keep_run, paired, progress_lines
+from selection_vs_none import against_no_selection, selection_table
 
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
 BEGIN, END = "<!-- real_model:begin -->", "<!-- real_model:end -->"
 ON_TEST = "every figure is on the test split"
 ON_VALIDATION = "every figure is on the validation split, for choosing a recipe; never reported as a result"
 """Written into the table's text; `--rows-from` refuses the output of a run whose table does not say it."""
-
-
-def evaluations(home: Path) -> dict[str, list[dict]]:
-    """{"folder" | "sft" | "rl": every test problem's result (prompt, answer, greedy completion, correct)} from the
-    run's eval artifacts' report.json: the folder's (eval-base-*), the SFT model's (eval-sft-*, when the recipe runs
-    SFT) and the RL model's."""
-    out = {}
-    for path in sorted((home / "objects").glob("*/manifest.json")):
-        m = json.loads(path.read_text())
-        if m["kind"] == "eval":
-            role = "folder" if m["name"].startswith("eval-base") else "sft" if m["name"].startswith("eval-sft") else "rl"
-            out[role] = json.loads((path.parent / "files" / "report.json").read_text())["problems"]
-    if not {"folder", "rl"} <= set(out):
-        raise SystemExit(f"{home}: expected the folder's and the RL model's evaluations, found {sorted(out)}")
-    return out
-
-
-def answers_right(home: Path, family: Family) -> dict[str, float]:
-    """{"folder" | "sft" | "rl": share of test problems whose greedy completion's answer, read as the family's reward
-    reads it (arithmetic: the last number), is the answer}, from the eval artifacts (`evaluations`)."""
-    return {role: sum(family.same(family.extract(p["greedy"]), p["answer"]) for p in problems) / len(problems)
-            for role, problems in evaluations(home).items()}
-
-
-def paired(home: Path, after: str, before: str = "folder") -> dict[str, float]:
-    """The greedy change from model `before` to `after` problem by problem on the same test problems: {"low",
-    "high"} (95%, Newcombe's interval for paired proportions) and {"p"} (McNemar's exact test), as
-    posttrain.eval.compare gives every comparison."""
-    from posttrain.eval.intervals import paired_change
-
-    evals = evaluations(home)
-    a, b = evals[after], evals[before]
-    if [(p["prompt"], p["answer"]) for p in a] != [(p["prompt"], p["answer"]) for p in b]:
-        raise SystemExit(f"{home}: the {after} and {before} evaluations did not score the same problems in order")
-    change = paired_change([bool(p["correct"]) for p in a], [bool(p["correct"]) for p in b])
-    return {"low": change.low, "high": change.high, "p": change.p_value}
-
-
-RAY_PREFIX = re.compile(r"^(\x1b\[[0-9;]*m)?\(\w+ pid=\d+\)(\x1b\[[0-9;]*m)? ")
-"""What Ray puts before an actor's printed line (the controller's `rl step` lines): its colour codes and name."""
-
-
-def progress_lines(out: str) -> list[str]:
-    """The run's progress worth keeping from its stdout: the SFT budget, the selection, every RL step (printed by
-    the controller actor: Ray's prefix taken off) and the evaluations."""
-    lines = (RAY_PREFIX.sub("", line) for line in out.splitlines())
-    return [line for line in lines if line.startswith(("sft: sft.tokens", "pass_rate:", "rl step", "eval "))]
-
-
-def rl_history(manifests: list[Path]) -> list[dict]:
-    """The RL steps of the run among `manifests`: the longest `extra.history` whose steps carry `step_s` (an RL
-    checkpoint's; the SFT model's history, often longer, has none); [] when there is none."""
-    steps: list[dict] = []
-    for path in manifests:
-        m = json.loads(path.read_text())
-        history = (m.get("extra") or {}).get("history") or []
-        if m["kind"] == "model" and history and all("step_s" in h for h in history) and len(history) > len(steps):
-            steps = history
-    return steps
-
-
-def keep_run(home: Path, dest: Path) -> None:
-    """The run's per-step RL metrics (steps.jsonl, from the last RL checkpoint's `extra.history`: the RL state folder
-    is gone once the run has finished) and every evaluation's report (every problem's greedy completion), copied
-    out of the temporary store before it is removed."""
-    dest.mkdir(parents=True, exist_ok=True)
-    manifests = sorted((home / "objects").glob("*/manifest.json"))
-    for path in manifests:
-        m = json.loads(path.read_text())
-        if m["kind"] == "eval":
-            shutil.copy(path.parent / "files" / "report.json", dest / f"{m['name']}.json")
-    (dest / "steps.jsonl").write_text("".join(json.dumps(h) + "\n" for h in rl_history(manifests)))
-
-
-def against_no_selection(seed: int, recipe: str, over: dict, home: Path) -> dict:
-    """The recipe again in the selected run's store (SFT and its evaluation cached), without pass-rate selection,
-    its RL given the selection's seconds as extra steps at the selected run's mean step time (equal wall time for
-    selection + RL); the paired difference on the same problems, the selected run's RL model minus this one's."""
-    from posttrain.config import PassRateConfig, to_dict
-    from posttrain.eval.intervals import paired_change
-    from posttrain.recipes import resolve
-
-    first = sorted((home / "objects").glob("*/manifest.json"))
-    selection = [json.loads(p.read_text())["metrics"]["seconds"] for p in first
-                 if (json.loads(p.read_text()).get("extra") or {}).get("stage") == "pass_rate"]
-    step_s = [h["step_s"] for h in rl_history(first)]
-    if len(selection) != 1 or not step_s:
-        raise SystemExit(f"{home}: expected one pass-rate selection (with its seconds) and RL steps")
-    steps = resolve(recipe, json.dumps(over)).rl.steps
-    extra = round(selection[0] / statistics.mean(step_s))
-    plain = {**over, "data": {**over["data"], "pass_rate": to_dict(PassRateConfig())},
-             "rl": {**over.get("rl", {}), "steps": steps + extra}}
-    with_selection = evaluations(home)["rl"]
-    row, _ = run_pipeline(seed, recipe, plain, home, what="without pass-rate selection")
-    new = [p for p in sorted((home / "objects").glob("*/manifest.json")) if p not in first]
-    evals = [json.loads((p.parent / "files" / "report.json").read_text())["problems"] for p in new
-             if json.loads(p.read_text())["kind"] == "eval"]
-    plain_s = [h["step_s"] for h in rl_history(new)]
-    if len(evals) != 1 or len(plain_s) != steps + extra:
-        raise SystemExit(f"{home}: expected the run without selection to add one evaluation and {steps + extra} RL "
-                         f"steps; found {len(evals)} and {len(plain_s)}")
-    without = evals[0]
-    if [(p["prompt"], p["answer"]) for p in without] != [(p["prompt"], p["answer"]) for p in with_selection]:
-        raise SystemExit(f"{home}: the two RL models were not scored on the same problems in order")
-    a, b = [bool(p["correct"]) for p in with_selection], [bool(p["correct"]) for p in without]
-    change = paired_change(a, b)
-    return {"seed": seed, "selection_s": selection[0], "steps": steps, "rl_s": sum(step_s),
-            "plain_steps": steps + extra, "plain_rl_s": sum(plain_s), "selected_greedy": sum(a) / len(a),
-            "plain_greedy": sum(b) / len(b), "d": (sum(a) - sum(b)) / len(a), "low": change.low,
-            "high": change.high, "p": change.p_value, "plain_wall_s": row["wall_s"]}
-
-
-def selection_table(rows: list[dict]) -> str:
-    """Pass-rate selection against none at equal wall time, one row per seed."""
-    lines = [("| seed | selection | RL with selection | RL without (more steps) | with selection greedy "
-              "| without greedy | selection's gain (95% paired interval) |"), "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['seed']} | {r['selection_s'] / 60:.1f} min | {r['steps']} steps, {r['rl_s'] / 60:.1f} min "
-                     f"| {r['plain_steps']} steps, {r['plain_rl_s'] / 60:.1f} min | {r['selected_greedy']:.3f} | "
-                     f"{r['plain_greedy']:.3f} | {r['d']:+.3f} ({r['low']:+.3f}, {r['high']:+.3f}) |")
-    return "\n".join(lines)
 
 
 def overrides(task: dict, extra: dict) -> dict:
@@ -391,6 +271,34 @@ def family_reward(family: str, reward: str | None) -> str:
     return reward
 
 
+def measure_seed(s: int, recipe: str, over: dict, home: Path, fam: Family) -> dict:
+    """One seed's run of the recipe in store `home` and its table row: the accuracies it printed, the folder's own
+    greedy (evaluated after the run when the recipe trains SFT first), each change with its paired interval, and
+    how often the greedy answers are right however worded."""
+    from posttrain.recipes import resolve
+
+    row, out = run_pipeline(s, recipe, over, home)
+    print("\n".join(progress_lines(out)))
+    if resolve(recipe, json.dumps(over)).sft.enabled:  # the folder's own evaluation, after the run
+        t0 = time.perf_counter()
+        from posttrain.config import PassRateConfig, to_dict
+
+        # eval_pipeline selects no prompts: a selection setting there is refused as doing nothing
+        alone = {**over, "data": {**over["data"], "pass_rate": to_dict(PassRateConfig())}}
+        greedy_alone(s, recipe, alone, home)  # prints its greedy to 3 places: read it exactly
+        folder = evaluations(home)["folder"]
+        row["folder_greedy"] = sum(bool(p["correct"]) for p in folder) / len(folder)
+        row["wall_s"] += time.perf_counter() - t0
+        change = paired(home, "rl", "sft")
+        row["over_sft_low"], row["over_sft_high"] = change["low"], change["high"]
+    row["d_greedy"] = row["rl_greedy_accuracy"] - row.get("folder_greedy", row["sft_greedy_accuracy"])
+    change = paired(home, "rl")
+    row["greedy_low"], row["greedy_high"], row["greedy_p"] = change["low"], change["high"], change["p"]
+    right = answers_right(home, fam)
+    row["folder_right"], row["rl_right"] = right["folder"], right["rl"]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     from posttrain.recipes import resolve
 
@@ -419,25 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in args.seeds:
             home = Path(tmp) / f"home{s}"
             over = overrides(task, json.loads(args.overrides))
-            row, out = run_pipeline(s, args.recipe, over, home)
-            print("\n".join(progress_lines(out)))
-            if resolve(args.recipe, json.dumps(over)).sft.enabled:  # the folder's own evaluation, after the run
-                t0 = time.perf_counter()
-                from posttrain.config import PassRateConfig, to_dict
-
-                # eval_pipeline selects no prompts: a selection setting there is refused as doing nothing
-                alone = {**over, "data": {**over["data"], "pass_rate": to_dict(PassRateConfig())}}
-                greedy_alone(s, args.recipe, alone, home)  # prints its greedy to 3 places: read it exactly
-                folder = evaluations(home)["folder"]
-                row["folder_greedy"] = sum(bool(p["correct"]) for p in folder) / len(folder)
-                row["wall_s"] += time.perf_counter() - t0
-                change = paired(home, "rl", "sft")
-                row["over_sft_low"], row["over_sft_high"] = change["low"], change["high"]
-            row["d_greedy"] = row["rl_greedy_accuracy"] - row.get("folder_greedy", row["sft_greedy_accuracy"])
-            change = paired(home, "rl")
-            row["greedy_low"], row["greedy_high"], row["greedy_p"] = change["low"], change["high"], change["p"]
-            right = answers_right(home, fam)
-            row["folder_right"], row["rl_right"] = right["folder"], right["rl"]
+            row = measure_seed(s, args.recipe, over, home, fam)
             if args.keep is not None:
                 keep_run(home, args.keep / f"seed{s}")
             rows.append(row)

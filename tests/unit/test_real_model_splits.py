@@ -25,7 +25,7 @@ def bench():
     (bench's module names must not shadow anything for later tests)."""
     saved = list(sys.path)
     sys.path.insert(0, BENCH)
-    names = ("rg_task", "real_model", "real_model_sweep", "default_seeds")
+    names = ("rg_task", "real_model", "real_model_sweep", "default_seeds", "run_store", "selection_vs_none")
     try:
         yield tuple(importlib.import_module(n) for n in names[:3])
     finally:
@@ -291,7 +291,7 @@ def test_selection_against_none_gives_rl_the_selections_time_as_steps_and_pairs_
         _put(home_, "eval-grpo-y", {"kind": "eval"}, problems(25))
         return {"seed": seed, "wall_s": 300.0}, ""
 
-    monkeypatch.setattr(real_model, "run_pipeline", without_selection)
+    monkeypatch.setattr(sys.modules["selection_vs_none"], "run_pipeline", without_selection)
     over = {"model": {}, "data": {"pass_rate": {"enabled": True}}, "reward": {}}
     r = real_model.against_no_selection(1, "small_instruct_sft_rl_cpu", over, home)
     assert asked["data"]["pass_rate"]["enabled"] is False and asked["rl"]["steps"] == 30 + 10
