@@ -5,7 +5,7 @@
     .venv/bin/python bench/real_model.py --seeds 0 --reward raw --split held_out_first
     .venv/bin/python bench/real_model.py --family spelling  # reasoning-gym spell_backward, reward `word`
     .venv/bin/python bench/real_model.py --validation-n 256 --eval 256 --train 2000   # the split sizes (defaults)
-    .venv/bin/python bench/real_model.py --write-readme     # also rewrite the real_model block (docs/lora.md)
+    .venv/bin/python bench/real_model.py --write-readme     # also rewrite the family's block in docs/lora.md
     .venv/bin/python bench/real_model.py --task '{"name": "basic_arithmetic", "max_terms": 2, "max_digits": 2}'
     .venv/bin/python bench/real_model.py --seeds 1 ... --rows-from seed0.log --write-readme  # a seed per run, one table
     .venv/bin/python bench/real_model.py --recipe small_instruct_sft_rl_cpu --family sorting --split held_out_first \
@@ -103,7 +103,14 @@ from run_store import answers_right, evaluations, keep_run, paired, progress_lin
 from selection_vs_none import against_no_selection, selection_table
 
 MODEL = CACHE / "models" / "SmolLM2-135M-Instruct"
-BEGIN, END = "<!-- real_model:begin -->", "<!-- real_model:end -->"
+
+
+def markers(family: str) -> tuple[str, str]:
+    """The generated block a family's table goes in: `real_model` (arithmetic), else `real_model_<family>`."""
+    name = "real_model" if family == "arithmetic" else f"real_model_{family}"
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
 ON_TEST = "every figure is on the test split"
 ON_VALIDATION = "every figure is on the validation split, for choosing a recipe; never reported as a result"
 """Written into the table's text; `--rows-from` refuses the output of a run whose table does not say it."""
@@ -346,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nPass-rate selection against none at equal wall time (selection + RL's steps; the same test problems):")
         print(selection_table(versus))
     if args.write_readme:
-        print(f"wrote the table into {write_block(block, BEGIN, END)}")
+        print(f"wrote the table into {write_block(block, *markers(args.family))}")
     if failed:
         print("\n".join(failed), file=sys.stderr)
         return 1

@@ -202,6 +202,15 @@ def test_a_family_takes_only_the_rewards_that_read_its_answers(bench):
         real_model.main(["--family", "arithmetic", "--reward", "word"])
 
 
+def test_each_family_writes_its_own_docs_block(bench):
+    """`--write-readme` for one family must not overwrite another's table."""
+    real_model = bench[1]
+    blocks = {family: real_model.markers(family) for family in ("arithmetic", "sorting", "spelling")}
+    assert blocks["arithmetic"] == ("<!-- real_model:begin -->", "<!-- real_model:end -->")
+    assert blocks["sorting"] == ("<!-- real_model_sorting:begin -->", "<!-- real_model_sorting:end -->")
+    assert len(set(blocks.values())) == 3
+
+
 def test_the_table_says_its_figures_are_on_the_test_split_and_counts_words_right(bench, tmp_path):
     rg_task, real_model, _ = bench
     home = tmp_path / "store"
