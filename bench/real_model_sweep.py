@@ -8,6 +8,7 @@ judges it on the test split through the pipeline on this machine.
     .venv/bin/python bench/real_model_sweep.py --out /tmp/sweep-spelling --family spelling --split train_first
     ... --validation-n 256 --test-n 256 --train 2000   # the split sizes (defaults): bench/real_model.py's
     ... --gguf FILE --tools DIR      # where no model folder exists: de-quantise the GGUF as `make real-model` does
+    .venv/bin/python bench/real_model_sweep.py --out /tmp/sweep --table [--baseline recipe]   # the paired table
 
 What it runs is the pipeline's RL in-process, as tests/gpu does: the real PolicyWorker (LoRA, generating its own
 rollouts) and RewardWorker driven by the real Controller, from the recipe (`--recipe`, default
@@ -21,7 +22,9 @@ OUT/ds this sweep did not prepare on the validation split (made before the three
 `--out`), or prepared with other data options; `--eval-n` beyond `--validation-n`; a config that sets `data`
 beyond `data.pass_rate`. A config with `{"data": {"pass_rate": {"enabled": true, ...}}}` trains on the train
 prompts its start model's pass rate keeps, as the pipeline's select_prompts stage does (posttrain.eval.pass_rate,
-sampled with the config's rl settings, measured in its own process before step 0; the counts are a JSON line).
+sampled with the config's rl settings, measured in its own process before step 0; the counts are a JSON line;
+measured once in OUT/selected/ for each selection_key - model, data.pass_rate, sampling settings, reward - so
+configs that differ only in lr or KL share it).
 The reward is the family's rule in plain Python, so it runs where reasoning-gym is not installed (the GPU
 machine): arithmetic, reward `number`'s - the completion's last number equals the answer as a decimal, which is
 what reasoning-gym's chain_sum scorer computes for it (`compute_decimal_reward`); spelling, reward `word`'s 1.0 -
@@ -30,7 +33,8 @@ right prefix partial credit; this gives it 0). Evaluation: greedy on the first -
 them by default) with the policy's own model (adapters applied), the recipe's eval.max_new_tokens; correct when the
 reward is 1.0.
 
-Prints one JSON line per evaluation: config name, step, validation greedy accuracy, and the mean train accuracy,
+Prints one JSON line per evaluation: config name, step, validation greedy accuracy, every problem's result in order
+("right": a string of 1 and 0, so `--table` pairs two configs problem by problem), and the mean train accuracy,
 entropy and response length over the steps since the last evaluation (each config's log in OUT/logs also has every
 step). Every config appends the same lines to OUT/evaluations.jsonl as it goes: one file holds the whole sweep,
 kept when a time limit stops it (a lent GPU's call returns a bounded number of files: on 2026-11-30 it returned
@@ -184,17 +188,37 @@ def _controller(spec: dict, args):
     return cfg, policy, ctrl
 
 
+def selection_key(cfg, model: Path) -> str:
+    """What the start model's pass rates depend on: the model folder, data.pass_rate, the sampling settings rl
+    gives them (temperature, top-k, top-p, new tokens) and the reward. Configs that differ elsewhere (rl.lr,
+    rl.kl_coef, ...) share one selection, as the pipeline's select_prompts cache shares it between runs."""
+    import hashlib
+    from dataclasses import asdict
+
+    rl = cfg.rl
+    inputs = {"model": str(model.resolve()), "pass_rate": asdict(cfg.data.pass_rate), "reward": asdict(cfg.reward),
+              "sampling": [rl.temperature, rl.top_k, rl.top_p, rl.max_new_tokens]}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def _selected(cfg, args, name: str) -> Path:
-    """OUT/selected/<config>: OUT/ds's train prompts kept by the start model's pass rate (data.pass_rate, the
-    pipeline's select_prompts computation, sampled with this config's rl settings), measured afresh for each run."""
-    import re
+    """OUT/selected/<key>: OUT/ds's train prompts kept by the start model's pass rate (data.pass_rate, the
+    pipeline's select_prompts computation, sampled with this config's rl settings); measured once for each
+    selection_key and reused by the configs that share it (complete only: the record is written last)."""
     import shutil
 
     import torch
 
     from posttrain.eval.pass_rate import select_by_pass_rate
 
-    out = args.out / "selected" / re.sub(r"[^\w.-]+", "_", name)
+    out = args.out / "selected" / selection_key(cfg, args.model)
+    record = out.with_suffix(".json")
+    if record.is_file():
+        line = json.dumps({"name": name, "pass_rate": {**json.loads(record.read_text()), "reused": out.name}})
+        print(line, flush=True)
+        with open(args.out / "evaluations.jsonl", "a") as f:
+            f.write(line + "\n")
+        return out
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     info = select_by_pass_rate(args.model, args.out / "ds", cfg.data.pass_rate, cfg.rl, cfg.reward, out,
@@ -203,6 +227,7 @@ def _selected(cfg, args, name: str) -> Path:
                                                    "never": info.never_solved, "always": info.always_solved,
                                                    "mean_rate": round(info.mean_rate, 4),
                                                    "s": round(time.perf_counter() - t0, 1)}})
+    record.write_text(json.dumps(json.loads(line)["pass_rate"]))
     print(line, flush=True)
     with open(args.out / "evaluations.jsonl", "a") as f:
         f.write(line + "\n")
@@ -210,8 +235,8 @@ def _selected(cfg, args, name: str) -> Path:
 
 
 def _validation(policy, args, max_new_tokens: int):
-    """accuracy() -> the policy model's greedy accuracy on the first --eval-n validation problems (prompts encoded
-    once)."""
+    """right() -> the policy model's greedy results on the first --eval-n validation problems, in order, as a
+    string of "1" (right) and "0" (prompts encoded once)."""
     import torch
 
     from posttrain.data.chat import encode_prompt
@@ -222,30 +247,31 @@ def _validation(policy, args, max_new_tokens: int):
     validation = read_examples(args.out / "ds", "eval")[: args.eval_n]  # OUT/ds's eval split: the validation split
     prompts = [encode_prompt(tok, prompt_messages(ex)) for ex in validation]
 
-    def accuracy() -> float:
+    def right() -> str:
         policy.model.eval()
         with torch.no_grad():
             gens = generate(policy.model, prompts, max_new_tokens=max_new_tokens, temperature=0.0, n=1,
                             eos_id=policy.eos_ids, pad_id=tok.pad_token_id, batch_size=256)
         policy.model.train()
         score = SCORES[args.family]
-        return sum(score(tok.decode(g.response_ids, skip_special_tokens=True), ex["answer"], {}) >= 1.0
-                   for g, ex in zip(gens, validation)) / len(validation)
-    return accuracy
+        return "".join("1" if score(tok.decode(g.response_ids, skip_special_tokens=True), ex["answer"], {}) >= 1.0
+                       else "0" for g, ex in zip(gens, validation))
+    return right
 
 
 def one(spec: dict, args) -> None:
     """One config's run, in this process: prints a JSON line per evaluation and a line per step."""
     cfg, policy, ctrl = _controller(spec, args)
-    accuracy = _validation(policy, args, cfg.eval.max_new_tokens)
+    right = _validation(policy, args, cfg.eval.max_new_tokens)
     t0, since = time.perf_counter(), []
     name = spec.get("name", json.dumps(spec.get("rl", {})))
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
-            line = json.dumps({"name": name, "step": step, "validation_greedy": accuracy(),
+            bits = right()
+            line = json.dumps({"name": name, "step": step, "validation_greedy": bits.count("1") / len(bits),
                                "train_acc": _mean(since, "accuracy"),
                                "entropy": _mean(since, "entropy"), "len": _mean(since, "response_len_mean"),
-                               "s": round(time.perf_counter() - t0, 1)})
+                               "s": round(time.perf_counter() - t0, 1), "right": bits})
             print(line, flush=True)
             with open(args.out / "evaluations.jsonl", "a") as f:  # every config's, one line per write
                 f.write(line + "\n")
@@ -259,6 +285,44 @@ def one(spec: dict, args) -> None:
 
 def _mean(metrics: list, key: str) -> float | None:
     return round(sum(getattr(m, key) for m in metrics) / len(metrics), 4) if metrics else None
+
+
+def table(out: Path, baseline: str) -> str:
+    """OUT/evaluations.jsonl as a markdown table: each config's validation greedy at each evaluated step, its
+    change from its own step 0 (the start model), and from config `baseline` at the same step - paired over
+    the same validation problems, 95% interval (posttrain.eval.intervals.paired_change). The last line of a
+    (config, step) counts, so a config run again replaces its earlier figures."""
+    from posttrain.eval.intervals import paired_change
+
+    rows, selection = {}, {}
+    for line in (out / "evaluations.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "pass_rate" in r:
+            selection[r["name"]] = r["pass_rate"]
+        elif "right" in r:
+            rows[(r["name"], r["step"])] = r
+    if (baseline, 0) not in rows:
+        raise SystemExit(f"--table: no config {baseline!r} with a step-0 evaluation in {out / 'evaluations.jsonl'} "
+                         f"(configs: {sorted({n for n, _ in rows})}); name one with --baseline")
+
+    def change(after: str, before: str) -> str:
+        if len(after) != len(before):
+            return "n/a (other problems)"
+        c = paired_change([b == "1" for b in after], [b == "1" for b in before])
+        return f"{c.change:+.3f} ({c.low:+.3f}, {c.high:+.3f})"
+
+    head = (f"| config | step | validation greedy | from its step 0 (95% paired) | from {baseline} at this step "
+            "(95% paired) | train acc | wall s |")
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for (name, step), r in sorted(rows.items(), key=lambda kv: (kv[0][0] != baseline, kv[0][0], kv[0][1])):
+        start, base = rows.get((name, 0)), rows.get((baseline, step))
+        lines.append(f"| {name} | {step} | {r['validation_greedy']:.3f} | "
+                     f"{change(r['right'], start['right']) if start and step else ''} | "
+                     f"{change(r['right'], base['right']) if base and name != baseline else ''} | "
+                     f"{'' if r['train_acc'] is None else format(r['train_acc'], '.3f')} | {r['s']:.0f} |")
+    for name, info in selection.items():
+        lines.append(f"\nselection for {name}: {json.dumps(info)}")
+    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -289,6 +353,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--parallel", type=int, default=1, help="configs run at once, each its own process")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per config process")
     ap.add_argument("--prepare-only", action="store_true")
+    ap.add_argument("--table", action="store_true", help="print OUT/evaluations.jsonl as a table and stop")
+    ap.add_argument("--baseline", default="recipe", help="--table: the config the others are compared with")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     return ap
 
@@ -318,6 +384,9 @@ def checked(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.table:
+        print(table(args.out, args.baseline))
+        return 0
     wanted = checked(args)
     if args.one is not None:
         one(json.loads(args.one), args)
