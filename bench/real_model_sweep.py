@@ -320,8 +320,7 @@ def table(out: Path, baseline: str) -> str:
                      f"{change(r['right'], start['right']) if start and step else ''} | "
                      f"{change(r['right'], base['right']) if base and name != baseline else ''} | "
                      f"{'' if r['train_acc'] is None else format(r['train_acc'], '.3f')} | {r['s']:.0f} |")
-    for name, info in selection.items():
-        lines.append(f"\nselection for {name}: {json.dumps(info)}")
+    lines += ["", *(f"- selection for {name}: {json.dumps(info)}" for name, info in selection.items())]
     return "\n".join(lines)
 
 
