@@ -76,6 +76,7 @@ KEPT = {  # generated block -> the kept outputs (bench/results/) its table was m
     "async_real": ["rl-async-30steps-2026-11-29.txt"],
     "real_model": ["real-model-test-arith-seed0-2026-11-30.txt", "real-model-test-arith-seed1-2026-11-30.txt"],
     "real_model_sorting": ["real-model-test-sort-seed0-2026-11-30.txt", "real-model-test-sort-seed1-2026-12-01.txt"],
+    "rl_sweep": ["real-model-rl-sweep-arith-2026-12-01.txt", "real-model-rl-sweep-sort-2026-12-01.txt"],
     "rlhf_seeds": ["rlhf-seeds-2026-11-30.txt"],
     "mismatch": ["mismatch-2026-11-30.txt"],
     "algorithms": ["algorithms-seed0-b.json", "algorithms-seed0-a.json", "algorithms-seeds12.json",
