@@ -145,8 +145,8 @@ def small_instruct_sft_rl_cpu() -> PipelineConfig:
       validation-2026-11-30.txt; that SFT was 160 steps at 2e-4). Over this SFT, RL's own part on validation:
       number_sorting +0.051 (+0.019, +0.083), chain_sum +0.023 (-0.012, +0.059) (bench/results/real-model-recipe-
       validation-2026-11-30.txt). Swept over SFT on the validation split of both families, one at a time around these
-      (chain_sum: lr 1e-4 / 2e-5, temperature 1.0, KL 0; number_sorting: lr 1e-4, KL 0, temperature 1.0 to
-      step 20; bench/results/real-model-rl-sweep-arith-2026-12-01.txt and -sort-):
+      (chain_sum: lr 1e-4 / 2e-5, temperature 1.0, KL 0; number_sorting: lr 1e-4, KL 0, temperature 1.0;
+      bench/results/real-model-rl-sweep-arith-2026-12-01.txt and -sort-):
       none differed from these by an interval excluding 0 at step 10, 20 or 30. KL 0 matched them in 21% less time
       on both; 0.05 stays, as the test-split tables were measured with it (docs/lora.md). rl.micro_batch_size 8:
       the policy scores a prompt's 8 samples in one micro-batch,
