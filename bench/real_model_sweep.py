@@ -63,7 +63,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from rg_task import FAMILIES, Sizes, check_split, last_list, last_number, last_word, same_list, same_number, same_word
+from rg_task import Sizes, check_split, last_list, last_number, last_word, same_list, same_number, same_word
+from sweep_data import check_prepared, fingerprint, options, prepare
+from sweep_table import table
 
 
 def number_score(completion: str, answer: str, metadata: dict) -> float:
@@ -85,61 +87,6 @@ def list_score(completion: str, answer: str, metadata: dict) -> float:
 
 SCORES = {"arithmetic": number_score, "spelling": word_score, "sorting": list_score}
 """The sweep's reward and evaluation per `--family`, in plain Python (no reasoning-gym where it runs)."""
-
-
-def fingerprint(model_dir: Path) -> str:
-    """sha256 over the folder's tensors (names sorted, raw bytes): equal for equal weights whatever wrote the file."""
-    import hashlib
-
-    from safetensors.torch import load_file
-    h = hashlib.sha256()
-    for name, t in sorted(load_file(str(model_dir / "model.safetensors")).items()):
-        h.update(name.encode() + t.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def options(args) -> dict:
-    """What the sweep's data is made from: recorded in OUT/prepared.json, and compared when OUT is used again."""
-    task, train_task = (json.loads(t) if t is not None else None for t in (args.task, args.train_task))
-    return {"family": args.family, "task": task, "train_task": train_task, "split": args.split,
-            "train": args.train, "validation_n": args.validation_n, "test_n": args.test_n, "evaluated": "validation"}
-
-
-FLAGS = {"family": "--family", "task": "--task", "train_task": "--train-task", "split": "--split", "train": "--train",
-         "validation_n": "--validation-n", "test_n": "--test-n", "evaluated": "--out"}
-
-
-def check_prepared(out: Path, wanted: dict) -> None:
-    """Refuse an OUT/ds that was not prepared by this sweep with these options: one made before the three splits, or
-    by bench/real_model.py, may hold the test split as its evaluation set, and a sweep must never select on it."""
-    record = out / "prepared.json"
-    if not record.is_file():
-        raise SystemExit(f"--out {out}: {out / 'ds'} was not prepared on the validation split by this sweep (no "
-                         f"{record}; made before the train / validation / test splits?): use a new --out")
-    got = json.loads(record.read_text())
-    differ = [FLAGS[k] for k in wanted if got.get(k) != wanted[k]]
-    if differ:
-        raise SystemExit(f"--out {out}: its dataset was prepared with other {', '.join(differ)} ({json.dumps(got)}): "
-                         "use a new --out or the same options")
-
-
-def prepare(out: Path, recipe: str, model_dir: Path, wanted: dict) -> Path:
-    """out/task (train / validation / test jsonl, via bench/rg_task.py and reasoning-gym) and out/ds (the prepared
-    dataset, its evaluation set the validation split), recorded in out/prepared.json."""
-    import real_model
-    from rg_task import build_task, install_reasoning_gym
-
-    from posttrain.data.prepare import prepare_dataset
-    from posttrain.recipes import resolve
-
-    family = FAMILIES[wanted["family"]]
-    sizes = Sizes(wanted["train"], wanted["validation_n"], wanted["test_n"])
-    task = build_task(out / "task", install_reasoning_gym(), sizes, family.rewards[0], wanted["split"],
-                      wanted["task"] or dict(family.task), wanted["train_task"], evaluate="validation")
-    cfg = resolve(recipe, real_model.overrides(task, {"model": {"base_path": str(model_dir)}}))
-    prepare_dataset(cfg.data, out / "ds", require_completions=False)
-    (out / "prepared.json").write_text(json.dumps(wanted))
-    return out / "ds"
 
 
 def _controller(spec: dict, args):
@@ -285,43 +232,6 @@ def one(spec: dict, args) -> None:
 
 def _mean(metrics: list, key: str) -> float | None:
     return round(sum(getattr(m, key) for m in metrics) / len(metrics), 4) if metrics else None
-
-
-def table(out: Path, baseline: str) -> str:
-    """OUT/evaluations.jsonl as a markdown table: each config's validation greedy at each evaluated step, its
-    change from its own step 0 (the start model), and from config `baseline` at the same step - paired over
-    the same validation problems, 95% interval (posttrain.eval.intervals.paired_change). The last line of a
-    (config, step) counts, so a config run again replaces its earlier figures."""
-    from posttrain.eval.intervals import paired_change
-
-    rows, selection = {}, {}
-    for line in (out / "evaluations.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if "pass_rate" in r:
-            selection[r["name"]] = r["pass_rate"]
-        elif "right" in r:
-            rows[(r["name"], r["step"])] = r
-    if (baseline, 0) not in rows:
-        raise SystemExit(f"--table: no config {baseline!r} with a step-0 evaluation in {out / 'evaluations.jsonl'} "
-                         f"(configs: {sorted({n for n, _ in rows})}); name one with --baseline")
-
-    def change(after: str, before: str) -> str:
-        if len(after) != len(before):
-            return "n/a (other problems)"
-        c = paired_change([b == "1" for b in after], [b == "1" for b in before])
-        return f"{c.change:+.3f} ({c.low:+.3f}, {c.high:+.3f})"
-
-    head = (f"| config | step | validation greedy | from its step 0 (95% paired) | from {baseline} at this step "
-            "(95% paired) | train acc | wall s |")
-    lines = [head, "|---|---|---|---|---|---|---|"]
-    for (name, step), r in sorted(rows.items(), key=lambda kv: (kv[0][0] != baseline, kv[0][0], kv[0][1])):
-        start, base = rows.get((name, 0)), rows.get((baseline, step))
-        lines.append(f"| {name} | {step} | {r['validation_greedy']:.3f} | "
-                     f"{change(r['right'], start['right']) if start and step else ''} | "
-                     f"{change(r['right'], base['right']) if base and name != baseline else ''} | "
-                     f"{'' if r['train_acc'] is None else format(r['train_acc'], '.3f')} | {r['s']:.0f} |")
-    lines += ["", *(f"- selection for {name}: {json.dumps(info)}" for name, info in selection.items())]
-    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
