@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.xdist_schedule import pytest_xdist_make_scheduler  # noqa: F401 (a hook: `--dist loadfile`)
+
 # Never let a test talk to a hub or write wandb runs into the repository.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
