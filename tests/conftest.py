@@ -6,6 +6,7 @@ ranks (torch.distributed, Elastic) in a process that holds Ray's threads can dea
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.xdist_schedule import pytest_xdist_make_scheduler  # noqa: F401 (a hook: `--dist loadfile`)
+# make test's `--dist loadfile` scheduler (a hook), where xdist is installed: the vLLM environment has none.
+if importlib.util.find_spec("xdist") is not None:
+    from tests.xdist_schedule import pytest_xdist_make_scheduler  # noqa: F401
 
 # Never let a test talk to a hub or write wandb runs into the repository.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
