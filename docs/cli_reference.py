@@ -88,7 +88,7 @@ def render() -> str:
              "", "```text", textwrap.dedent(usage), "```", "", prose, "",
              "## Options of every command", "", *_table(_arguments(top)), ""]
     for words, help_text, sub in commands(top):
-        lines += [f"## `posttrain {' '.join(words)}`", "", f"{_cell(help_text[:1].upper() + help_text[1:])}.", ""]
+        lines += [f"## `posttrain {' '.join(words)}`", "", f"{_cell((help_text[:1].upper() + help_text[1:]) % {})}.", ""]
         if sub.description:
             lines += [_cell(sub.description), ""]
         lines += ["```text", _usage(sub), "```", ""]

@@ -226,3 +226,27 @@ def test_show_prints_dense_results_and_the_model_each_stage_used(dense_home, cap
                                    "metrics": {"loss": 0.61, "accuracy": 0.875, "rewards/margin": 0.079}}
     _, out, _ = _cli(capsys, root, "show", ids["rm_eval"], "--json")
     assert json.loads(out)["key"]["metrics"]["pairwise_accuracy"] == 0.6667
+
+
+def test_runs_give_an_evals_paired_change_over_its_start_models_eval(tmp_path, capsys):
+    """Evals that kept every problem's result (tests/report_inputs.py: the SFT model right on 1 of 4 problems, the
+    RL model started from it on 3): the RL eval's line carries the change problem by problem with its interval."""
+    from posttrain.eval.compare import paired_greedy, report_of
+    from tests.report_inputs import build_store
+
+    store, ids = build_store(tmp_path)
+    expected = paired_greedy(report_of(store, ids["rl_eval"]), report_of(store, ids["sft_eval"]))
+    status, out, _ = _cli(capsys, Path(store.root), "runs")
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("  eval")}
+    assert status == 0 and expected.change == 0.5 and expected.gained == 2 and expected.lost == 0
+    assert lines[ids["rl_eval"][:12]].endswith(
+        f"greedy change +0.500 (95% {expected.low:+.3f} to {expected.high:+.3f}) over the start model's eval "
+        f"{ids['sft_eval'][:12]}")
+    assert "change" not in lines[ids["sft_eval"][:12]]  # the SFT model started from nothing evaluated
+
+    status, out, _ = _cli(capsys, Path(store.root), "runs", "--json")
+    arts = {a["id"]: a for r in json.loads(out) for a in r["artifacts"]}
+    assert arts[ids["rl_eval"]]["change_over_start"] == {
+        "start_eval_id": ids["sft_eval"], "change": 0.5, "low": expected.low, "high": expected.high,
+        "p_value": expected.p_value, "gained": 2, "lost": 0, "num_problems": 4}
+    assert arts[ids["sft_eval"]]["change_over_start"] is None

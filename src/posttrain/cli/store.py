@@ -30,6 +30,7 @@ from pathlib import Path
 from posttrain.artifacts.errors import ArtifactError, ArtifactNotFoundError
 from posttrain.artifacts.manifest import Manifest
 from posttrain.artifacts.store import ArtifactStore, LineageNode
+from posttrain.eval.compare import change_over_start
 from posttrain.tracking.progress import duration
 
 
@@ -147,9 +148,23 @@ def runs(store: ArtifactStore) -> list[dict]:
     by_id = {m.id: m for m in manifests}
     grouped: dict[str, list[dict]] = defaultdict(list)
     for m in manifests:
-        grouped[m.run_id].append(_entry(m, by_id))
+        e = _entry(m, by_id)
+        if m.kind == "eval" and m.stage == "eval":
+            e["change_over_start"] = _change_over_start(store, m)
+        grouped[m.run_id].append(e)
     out = [_run(run_id, sorted(arts, key=_order)) for run_id, arts in grouped.items()]
     return sorted(out, key=lambda r: (r["first_created"], r["run_id"]), reverse=True)
+
+
+def _change_over_start(store: ArtifactStore, m: Manifest) -> dict | None:
+    """An eval's paired greedy change over its model's start model on the same problems, with its 95% interval
+    and McNemar's p (posttrain.eval.compare); None without such an eval in the store."""
+    found = change_over_start(store, m)
+    if found is None:
+        return None
+    start, c = found
+    return {"start_eval_id": start.id, "change": c.change, "low": c.low, "high": c.high, "p_value": c.p_value,
+            "gained": c.gained, "lost": c.lost, "num_problems": c.n}
 
 
 def _run(run_id: str, arts: list[dict]) -> dict:
@@ -204,6 +219,9 @@ def render_run(run: dict) -> list[str]:
             continue
         note = (f"({len(rl)} checkpoints)" if a["stage"] == "rl" and len(rl) > 1 else
                 _summary(a["stage"], a.get("metrics", {})))
+        if c := a.get("change_over_start"):
+            note += (f"  greedy change {c['change']:+.3f} (95% {c['low']:+.3f} to {c['high']:+.3f}) over the start "
+                     f"model's eval {c['start_eval_id'][:12]}")
         lines.append(f"  {_label(a):<10} {a['id'][:12]}  {a['name']:<24} {note}".rstrip())
     return lines
 
@@ -289,7 +307,8 @@ def add_commands(sub) -> None:
     ls.add_argument("--kind", help="only artifacts of this kind (dataset, tokenizer, model, eval, ...)")
     ls.add_argument("--run", help="only artifacts of this run id")
     ls.add_argument("--json", action="store_true", help="print JSON instead of text")
-    rs = sub.add_parser("runs", help="every pipeline run: its stages, artifact ids, eval accuracy, status")
+    rs = sub.add_parser("runs", help="every pipeline run: its stages, artifact ids, eval accuracy with the paired "
+                        "greedy change over the start model's eval (95%% interval), status")
     rs.add_argument("--limit", type=_positive, help="only the N newest runs")
     rs.add_argument("--json", action="store_true", help="print JSON instead of text")
     show = sub.add_parser("show", help="one artifact: manifest, parents, config, files, metrics")

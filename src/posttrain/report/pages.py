@@ -10,7 +10,7 @@ from pathlib import Path
 from posttrain.artifacts import ArtifactStore
 from posttrain.artifacts.manifest import Manifest
 from posttrain.data.examples import completion_text, prompt_messages, read_examples
-from posttrain.eval.compare import paired_greedy
+from posttrain.eval.compare import paired_greedy, start_eval
 from posttrain.eval.intervals import PairedChange, wilson
 from posttrain.eval.report import EvalReport
 from posttrain.report import charts
@@ -209,21 +209,13 @@ def _rates(r: EvalReport) -> dict[str, tuple[float, tuple[float, float]]]:
     return {k: (v, wilson(v * n, n)) for k, v in values.items() if v is not None}
 
 
-def _start_eval(store: ArtifactStore, ev: Manifest) -> Manifest | None:
-    """The newest eval of this eval's model's start model on the same dataset, if the store holds one."""
-    start = store.manifest(ev.config["model_id"]).extra.get("start_model") if ev.config.get("model_id") else None
-    found = [e for e in store.list(kind="eval", child_of=start)
-             if e.config.get("dataset_id") == ev.config.get("dataset_id")] if start else []
-    return max(found, key=lambda e: e.created) if found else None
-
-
 def eval_page(store: ArtifactStore, id_: str) -> str:
     """Greedy, sampled and pass@k accuracy with Wilson 95% intervals, the start model's eval beside them when
     the store has one on the same dataset, and the per-problem sample table."""
     m = store.manifest(id_)
     r = EvalReport.from_json((store.get(id_) / "report.json").read_text())
     rates = _rates(r)
-    start = _start_eval(store, m)
+    start = start_eval(store, m)
     start_report = EvalReport.from_json((store.get(start.id) / "report.json").read_text()) if start else None
     series, errors = {"this model": [v for v, _ in rates.values()]}, {"this model": [ci for _, ci in rates.values()]}
     if start_report is not None:
