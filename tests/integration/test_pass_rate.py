@@ -31,7 +31,7 @@ if mode == "untrained":  # the same architecture and tokenizer, no training: it 
     save_model(build_model(tiny_cpu().model, tok), tok, Path(home).parent / "untrained")
     model_dir = str(Path(home).parent / "untrained")
 model = stages.start_model(ModelConfig(base_path=model_dir), run_id="t", store=store)
-data = DataConfig(pass_rate=PassRateConfig(enabled=True, samples_per_prompt=4, max_prompts=64))
+data = DataConfig(pass_rate=PassRateConfig(enabled=True, samples_per_prompt=4, max_prompts=64, refresh_every=5))
 try:
     ref = stages.select_prompts(data, rl, RewardConfig(), model=model, dataset=ds, run_id="t", store=store)
 except ValueError as e:
@@ -42,13 +42,17 @@ off = stages.select_prompts(DataConfig(), rl, RewardConfig(), model=model, datas
 m = store.manifest(ref.id)
 info = json.loads((store.get(ref) / "info.json").read_text())
 from posttrain.report import render_page
+from posttrain.rl.curriculum import Curriculum
+from types import SimpleNamespace
 page = render_page(store, ref.id)
+cur = Curriculum.read(store.get(ref))  # what RL's curriculum reads (data.pass_rate.refresh_every)
 print("RESULT" + json.dumps({
     "page": "Prompts by pass rate" in page and "never solved" in page and "pass-rates" in page,
     "same": again.id == ref.id, "off": off.id == ds.id, "parents": m.parents, "model": model.id, "dataset": ds.id,
     "metrics": m.metrics, "rates": info["pass_rate"]["rates"], "kept": read_examples(store.get(ref), "train"),
     "train": read_examples(ds_dir, "train")[:64], "eval_same": read_examples(store.get(ref), "eval") ==
-    read_examples(ds_dir, "eval")}))
+    read_examples(ds_dir, "eval"), "pool": cur.pool, "every": cur.every,
+    "start": cur.start_rows(SimpleNamespace(rows=list(range(len(cur.pool)))))}))
 """
 
 
@@ -64,6 +68,8 @@ def test_the_prompts_kept_are_those_the_model_solves_sometimes(tmp_path, tiny_sf
     assert r["kept"] == [r["train"][i] for i in kept] and r["metrics"]["num_train"] == len(kept) > 0
     assert r["metrics"]["never_solved"] == sum(v == 0 for v in rates.values()) and r["eval_same"]
     assert r["metrics"]["seconds"] > 0  # what selection cost (bench/real_model.py gives RL those seconds without it)
+    # with refresh_every, RL's curriculum reads every sampled row as its pool and starts on the kept ones
+    assert r["pool"] == r["train"] and r["every"] == 5 and r["start"] == kept
 
 
 COLD = r"""
@@ -110,6 +116,8 @@ def test_a_model_that_never_solves_keeps_nothing_and_says_so(tmp_path, tiny_sft_
     ("pipeline", {"enabled": True, "min_rate": 0.5, "max_rate": 0.6}, "data.pass_rate.max_rate"),  # no k/8 there
     ("agent_pipeline", {"enabled": True}, "data.pass_rate.enabled"),
     ("pipeline", {"enabled": True}, "data.pass_rate.enabled"),  # with rl.enabled false (below)
+    ("pipeline", {"refresh_every": 10}, "data.pass_rate.refresh_every"),  # set but not enabled
+    ("pipeline", {"enabled": True, "refresh_every": 100}, "data.pass_rate.refresh_every"),  # rl.steps is 100
 ])
 def test_pass_rate_settings_that_would_do_nothing_are_refused(workflow, pass_rate, field):
     from posttrain.config import ConfigError
@@ -122,3 +130,13 @@ def test_pass_rate_settings_that_would_do_nothing_are_refused(workflow, pass_rat
                 workflow=workflow)
     if workflow == "pipeline" and pass_rate.get("enabled") is None:
         resolve(recipe, json.dumps({"data": {"pass_rate": {**pass_rate, "enabled": True}}}), workflow=workflow)
+
+
+def test_a_curriculum_is_refused_with_rollout_ahead():
+    from posttrain.config import ConfigError
+    from posttrain.recipes import resolve
+
+    over = {"data": {"pass_rate": {"enabled": True, "refresh_every": 10}}}
+    assert resolve("tiny_cpu", json.dumps(over), workflow="pipeline").data.pass_rate.refresh_every == 10
+    with pytest.raises(ConfigError, match=r"data\.pass_rate\.refresh_every: not with rl\.max_staleness = 1"):
+        resolve("tiny_cpu", json.dumps({**over, "rl": {"max_staleness": 1}}), workflow="pipeline")

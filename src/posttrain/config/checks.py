@@ -211,6 +211,12 @@ def _check_pass_rate(p: PassRateConfig, r: RLConfig, *, selects: bool) -> None:
     _check(p.max_prompts >= 0, "data.pass_rate.max_prompts", "must be >= 0 (0: every train prompt)")
     _check(p.batch_size >= 1, "data.pass_rate.batch_size", "must be >= 1")
     _check(p.backend != RolloutBackend.VLLM or check_base.vllm_installed(), "data.pass_rate.backend", _NO_VLLM)
+    _check(p.refresh_every >= 0, "data.pass_rate.refresh_every", "must be >= 0 (0: no refresh)")
+    _check(p.refresh_every < r.steps, "data.pass_rate.refresh_every",
+           f"{p.refresh_every} >= rl.steps = {r.steps}: the first refresh would come after the last step")
+    _check(not (p.refresh_every and r.max_staleness), "data.pass_rate.refresh_every",
+           f"not with rl.max_staleness = {r.max_staleness}: draws generated ahead would come from the prompts "
+           "kept before a refresh")
 
 
 def _check_eval(e: EvalConfig, m: ModelConfig) -> None:

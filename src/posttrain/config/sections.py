@@ -66,6 +66,13 @@ class PassRateConfig:
     """Generation engine: "transformers", or "vllm" (a separate install: `make install-vllm`)."""
     seed: int = 0
     """Sampling seed."""
+    refresh_every: int = 0
+    """A curriculum: every this many RL steps, the policy being trained re-measures the pass rate of every
+    sampled train prompt (`samples_per_prompt` answers each, RL's sampling settings, through the run's own
+    rollout and reward workers) and RL draws from the prompts now inside the band, so prompts the policy has
+    learned to always solve leave and ones it starts to solve join. The selection then also stores every sampled
+    prompt (`pool.jsonl`); each step logs the kept fraction (`pass_rate/kept_fraction`, drawn on the RL page). 0:
+    the start model's selection holds for the whole run. Not with rl.max_staleness > 0."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,9 +34,11 @@ def write_jsonl(path: Path, examples: Iterable[dict]) -> int:
     return n
 
 
-def write_dataset(out_dir: Path, train: Iterable[dict], eval_: Iterable[dict], info: dict) -> None:
-    """A dataset folder (`train.jsonl`, `eval.jsonl`, `info.json`) written into a sibling staging folder and
-    renamed into place, so a failure leaves nothing half-written. `out_dir` must be absent or empty."""
+def write_dataset(out_dir: Path, train: Iterable[dict], eval_: Iterable[dict], info: dict, *,
+                  more: dict[str, Iterable[dict]] | None = None) -> None:
+    """A dataset folder (`train.jsonl`, `eval.jsonl`, `info.json`, and `<name>.jsonl` for each of `more`) written
+    into a sibling staging folder and renamed into place, so a failure leaves nothing half-written. `out_dir`
+    must be absent or empty."""
     import os
     import shutil
     import tempfile
@@ -47,6 +49,8 @@ def write_dataset(out_dir: Path, train: Iterable[dict], eval_: Iterable[dict], i
     try:
         write_jsonl(stage / "train.jsonl", train)
         write_jsonl(stage / "eval.jsonl", eval_)
+        for name, rows in (more or {}).items():
+            write_jsonl(stage / f"{name}.jsonl", rows)
         (stage / "info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         if out_dir.exists():
             out_dir.rmdir()

@@ -5,7 +5,9 @@ nor never solves, whose GRPO groups have a reward spread and so a gradient.
 
 Writes a dataset folder like data prep's (`train.jsonl`: the kept rows as they were, in their order;
 `eval.jsonl`: the eval split whole; `info.json`: the source's info plus the counts and every sampled prompt's
-rate as [train row, rate]), staged and renamed so a failure leaves nothing half-written. Sampling uses RL's
+rate as [train row, rate]; with `refresh_every` > 0 also `pool.jsonl`, every sampled row in that order, which
+the RL run's curriculum re-measures: posttrain.rl.curriculum), staged and renamed so a failure leaves nothing
+half-written. Sampling uses RL's
 settings (temperature, top-p, top-k, max_new_tokens), so a rate is what the first RL step would see.
 
     info = select_by_pass_rate(model_dir, dataset_dir, PassRateConfig(enabled=True), rl_cfg, RewardConfig(), out)
@@ -94,5 +96,7 @@ def select_by_pass_rate(model_dir: str | Path, dataset_dir: str | Path, cfg: Pas
     write_dataset(out_dir, [train[i] for i in kept], read_examples(dataset_dir, "eval"),
                   {**source, "num_train": len(kept),
                    "pass_rate": {**asdict(info), "min_rate": cfg.min_rate, "max_rate": cfg.max_rate,
-                                 "rates": [[i, r] for i, r in zip(sampled, rates)]}})
+                                 "refresh_every": cfg.refresh_every,
+                                 "rates": [[i, r] for i, r in zip(sampled, rates)]}},
+                  more={"pool": [train[i] for i in sampled]} if cfg.refresh_every else None)
     return info

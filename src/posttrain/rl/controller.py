@@ -2,7 +2,8 @@
 
     Controller.run(steps):
         start(): restore the newest checkpoint into every training role, push the policy's weights (version v)
-        loop:    prompts = sampler.next_batch(v)
+        loop:    [every data.pass_rate.refresh_every steps: curriculum.refresh(sampler, rollout, reward)]
+                 prompts = sampler.next_batch(v)
                  outcome = algorithm.step(prompts, run)            # rl/loops/<algorithm>.py, top to bottom
                  rollout.load_weights ◄── policy.weights() = WeightsHandle(v+1, checksum)
                      └─► WeightReport per rollout worker: version AND checksum must equal the handle's,
@@ -34,6 +35,7 @@ from typing import Any, Protocol
 
 from posttrain.config import RLConfig
 from posttrain.rl.ahead import Ahead, AheadRollout
+from posttrain.rl.curriculum import Curriculum
 from posttrain.rl.loops import ALGORITHMS
 from posttrain.rl.loops.common import NonFiniteError, RewardFailureError, StepRun  # noqa: F401 - re-exported
 from posttrain.rl.metrics import StepMetrics, step_metrics
@@ -52,10 +54,16 @@ class StepTracker(Protocol):
 
 class Controller:
     def __init__(self, rl_cfg: RLConfig, groups: Mapping[str, Any], prompt_sampler: PromptSampler,
-                 tracker: StepTracker, checkpointer: Checkpointer | None):
-        """`groups`: role name -> group (rl/roles/registry.py names; a role the run does not create is absent)."""
+                 tracker: StepTracker, checkpointer: Checkpointer | None, curriculum: Curriculum | None = None):
+        """`groups`: role name -> group (rl/roles/registry.py names; a role the run does not create is absent).
+        `curriculum`: re-measure the prompts' pass rates every few steps (rl/curriculum.py; the sampler already
+        draws from the start model's selection)."""
         if uses_reference(rl_cfg) != (groups.get("reference") is not None):
             raise ValueError(f"rl.kl_coef = {rl_cfg.kl_coef} needs a reference group exactly when it is > 0")
+        if curriculum is not None and rl_cfg.max_staleness > 0:
+            raise ValueError("data.pass_rate.refresh_every: not with rl.max_staleness > 0 (draws generated ahead "
+                             "would come from the prompts kept before a refresh)")
+        self.curriculum = curriculum
         self.cfg, self.groups, self.sampler = rl_cfg, dict(groups), prompt_sampler
         self.tracker, self.checkpointer = tracker, checkpointer
         self.step_count, self.version = 0, 0
@@ -85,11 +93,15 @@ class Controller:
         phase: dict[str, float] = {}  # wall seconds per phase, as the controller sees them
         draw = (lambda: self.ahead.take(self.version)) if self.ahead else (
             lambda: self.sampler.next_batch(policy_version=self.version))
+        refreshed, refresh_s = self._refresh(phase) if self.curriculum is not None else ({}, None)
         run = StepRun(step=self.step_count + 1, version=self.version, seed=self.rng.randrange(2**31),
                       phase=lambda name: self._phase(phase, name), draw=draw)
         with self._phase(phase, "rollout"):  # the sampler's time counts as the rollout's: drawing prompts is part of producing them
             prompts = draw()
         out = self.algorithm.step(prompts, run)
+        out.extra.update(refreshed)
+        if refresh_s is not None:  # the workers' seconds re-measuring the pool: compute, not orchestration
+            out.compute_s["pass_rate"] = refresh_s
         if self.ahead:
             out.extra.update(self._ahead_metrics(out.traj))
         if out.stats is not None:  # None: this step trained no policy (e.g. PPO's critic warm-up)
@@ -101,6 +113,18 @@ class Controller:
                          step_s=time.perf_counter() - t_step)
         self.history.append(m)
         return m
+
+    def _refresh(self, phase_s: dict[str, float]) -> tuple[dict[str, float], float | None]:
+        """The curriculum's metrics for this step - the share of the pool drawn from (`pass_rate/kept_fraction`),
+        after re-measuring every pool prompt under the current weights when a refresh is due - and the workers'
+        seconds of that refresh (None: none was due)."""
+        out, compute_s = {}, None
+        if self.curriculum.due(self.step_count):
+            with self._phase(phase_s, "pass_rate"):
+                out, compute_s = self.curriculum.refresh(self.sampler, self.groups["rollout"], self.groups["reward"],
+                                                         self.cfg, version=self.version,
+                                                         seed=self.rng.randrange(2**31))
+        return {**out, "pass_rate/kept_fraction": len(self.sampler.active) / len(self.sampler.rows)}, compute_s
 
     def _phase(self, phase_s: dict[str, float], name: str):
         self.stage = name

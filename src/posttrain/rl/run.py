@@ -104,6 +104,7 @@ class ControllerActor:
         from posttrain.data.examples import read_examples
         from posttrain.models.io import load_tokenizer
         from posttrain.rl.controller import Controller
+        from posttrain.rl.curriculum import Curriculum
         from posttrain.rl.metrics import RLTracker
         from posttrain.rl.remote import gather
         from posttrain.rl.state import Checkpointer, reward_identity
@@ -113,9 +114,12 @@ class ControllerActor:
                             stage=f"{role}.start", timeout_s=t) for role, hs in handles.items()}
         ctx = registry.GroupContext(settings=spec.settings(), ids=ids, timeout_s=t, weights_folder=spec.weights_folder)
         groups = composed.run_groups(ctx, handles, spec.max_seq_len)
-        examples = read_examples(spec.dataset_dir, "train")
+        curriculum = Curriculum.read(spec.dataset_dir)  # data.pass_rate.refresh_every: RL draws from the pool
+        examples = curriculum.pool if curriculum else read_examples(spec.dataset_dir, "train")
         sampler = composed.prompt_sampler(examples, load_tokenizer(spec.start_model_dir), cfg, groups["rollout"],
                                           spec.max_seq_len)
+        if curriculum:
+            sampler.set_active(curriculum.start_rows(sampler))
         lora = spec.model_cfg.lora if spec.model_cfg is not None else None  # the checkpoints are adapters
         config = {"rl": to_dict(cfg), "reward": to_dict(spec.reward_cfg), "placement": to_dict(spec.placement_cfg),
                   "max_seq_len": spec.max_seq_len, **({"lora": to_dict(lora)} if lora else {})}
@@ -129,7 +133,7 @@ class ControllerActor:
         tracker = RLTracker(spec.tracking_cfg, name=f"rl-{spec.run_id}", total=cfg.steps,
                             start=latest.step if latest else 0, wandb_run=spec.wandb_run,
                             wandb_id=latest.wandb_id if latest else None)
-        self.controller = Controller(cfg, groups, sampler, tracker, self.checkpointer)
+        self.controller = Controller(cfg, groups, sampler, tracker, self.checkpointer, curriculum)
         self.placement = {"nodes": {role: [i.node for i in ids[role]] for role in ids},
                           "weights": groups["policy"].transport}
 

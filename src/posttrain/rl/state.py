@@ -86,18 +86,34 @@ class PromptSampler:
         """Usable example ids (rows of the train split); the permutation runs over these."""
         self._encoded = dict(encoded)
         self.prompts_per_step, self.seed, self.cursor = prompts_per_step, seed, 0
-        self._perm: tuple[int, torch.Tensor] | None = None
+        self.active = list(self.rows)
+        """The rows drawn from: all usable ones, or those a curriculum kept (`set_active`)."""
+        self.base, self.generation = 0, 0
+        """The cursor when `active` was last set, and how many times it was set (each set starts new epochs)."""
+        self._perm: tuple[tuple[int, int], torch.Tensor] | None = None
 
     def _index(self, k: int) -> int:
-        epoch, pos = divmod(k, len(self.rows))
-        if self._perm is None or self._perm[0] != epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm = (epoch, torch.randperm(len(self.rows), generator=g))
-        return self.rows[int(self._perm[1][pos])]
+        epoch, pos = divmod(k - self.base, len(self.active))
+        if self._perm is None or self._perm[0] != (self.generation, epoch):
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch + self.generation * 1_000_000_007)
+            self._perm = ((self.generation, epoch), torch.randperm(len(self.active), generator=g))
+        return self.active[int(self._perm[1][pos])]
+
+    def set_active(self, ids: list[int]) -> None:
+        """Draw from these rows from now on (a subset of `rows`), in new epochs of their own."""
+        unknown = sorted(set(ids) - set(self.rows))
+        if not ids or unknown:
+            raise ValueError(f"prompt sampler: the rows to draw from must be a non-empty subset of the usable ones "
+                             f"(got {len(ids)}, unknown {unknown[:5]})")
+        self.active, self.base, self.generation, self._perm = sorted(ids), self.cursor, self.generation + 1, None
 
     def next_batch(self, policy_version: int) -> PromptBatch:
         ids = [self._index(k) for k in range(self.cursor, self.cursor + self.prompts_per_step)]
         self.cursor += self.prompts_per_step
+        return self.batch_of(ids, policy_version)
+
+    def batch_of(self, ids: list[int], policy_version: int) -> PromptBatch:
+        """The prompts of these rows (of `rows`), in this order, without moving the cursor."""
         rows = [self.examples[i] for i in ids]
         return PromptBatch(policy_version=policy_version, example_ids=ids, prompt_ids=[self._encoded[i] for i in ids],
                            answers=[ex.get("answer") for ex in rows], tasks=[ex.get("task") for ex in rows],
@@ -109,13 +125,16 @@ class PromptSampler:
         return sorted({k for i in self.rows for k in (self.examples[i].get("columns") or {})})
 
     def state_dict(self) -> dict:
-        return {"cursor": self.cursor, "seed": self.seed, "num_prompts": len(self.rows)}
+        return {"cursor": self.cursor, "seed": self.seed, "num_prompts": len(self.rows),
+                **({"active": self.active, "base": self.base, "generation": self.generation} if self.generation else {})}
 
     def load_state_dict(self, state: dict) -> None:
         if state["num_prompts"] != len(self.rows) or state["seed"] != self.seed:
             raise ValueError(f"prompt sampler: checkpoint was made for {state['num_prompts']} prompts with seed "
                              f"{state['seed']}, this run has {len(self.rows)} with seed {self.seed}")
         self.cursor = state["cursor"]
+        self.active, self.base = state.get("active", list(self.rows)), state.get("base", 0)
+        self.generation, self._perm = state.get("generation", 0), None
 
 
 # --------------------------------------------------------------------------------------------- identity
