@@ -316,3 +316,22 @@ def test_rl_page_draws_each_roles_idle_share_beside_the_phases(tmp_path):
     charts = _charts(pages.rl_page(store, ref.id))
     assert charts["idle"] == {"idle-rollout", "idle-update"} and "algo-idle" not in charts
     assert charts["algo-async"] == {"async-staleness-max"}
+
+
+def test_rl_page_draws_the_pass_rate_curriculum_in_a_chart_of_its_own(tmp_path):
+    """data.pass_rate.refresh_every: the kept fraction (every step) and a refresh's measures (its steps only)."""
+    from posttrain.artifacts import ArtifactStore
+    from tests.files import write_folder
+    from tests.report_inputs import rl_history
+
+    history = [{**h, "pass_rate/kept_fraction": 0.5} for h in rl_history(3)]
+    history[2].update({"pass_rate/in_band_fraction": 0.25, "pass_rate/never_fraction": 0.5,
+                       "pass_rate/always_fraction": 0.25, "pass_rate/mean_rate": 0.4, "pass_rate/kept_fraction": 0.25})
+    store = ArtifactStore(str(tmp_path / "store"))
+    ref = store.put("model", "curriculum", write_folder(tmp_path, "cur", {"w.txt": "c"}), run_id="r", parents=[],
+                    config={}, metrics=history[-1], extra={"algorithm": "grpo", "step": 3, "policy_version": 3,
+                                                           "history": history})
+    html = pages.rl_page(store, ref.id)
+    assert _charts(html)["curriculum"] == {"pass-rate-kept-fraction", "pass-rate-in-band-fraction",
+                                           "pass-rate-never-fraction", "pass-rate-always-fraction", "pass-rate-mean-rate"}
+    assert 'id="chart-algo-pass' not in html  # not drawn again as if the algorithm's own

@@ -149,10 +149,16 @@ def _phase_times(history: list[dict], algorithm: str | None) -> dict[str, list[f
     return out
 
 
+CURRICULUM_CURVES = ("pass_rate/kept_fraction", "pass_rate/in_band_fraction", "pass_rate/never_fraction",
+                     "pass_rate/always_fraction", "pass_rate/mean_rate")
+"""posttrain.rl.curriculum's metrics: the kept fraction every step, the rest at each refresh."""
+
+
 def _extra_curves(history: list[dict]) -> dict[str, tuple[str, ...]]:
     """The algorithm's own metrics (StepMetrics.extra: "critic/value_loss", "adv/mean", ...), one chart per
     name prefix, so a new algorithm's curves appear without a change here."""
-    keys = sorted({k for h in history for k in h if "/" in k and not k.startswith(("time/", "compute/", "idle/"))})
+    keys = sorted({k for h in history for k in h
+                   if "/" in k and not k.startswith(("time/", "compute/", "idle/", "pass_rate/"))})
     out: dict[str, list[str]] = {}
     for k in keys:
         out.setdefault(k.split("/", 1)[0], []).append(k)
@@ -177,7 +183,11 @@ def rl_page(store: ArtifactStore, id_: str) -> str:
     curves = section("curves", "Per-step curves", *[
         charts.line_chart(name, title, steps, _curves(history, keys)) for name, title, keys in _RL_CURVES],
         *[charts.line_chart(f"algo-{prefix}", f"{prefix} ({m.extra.get('algorithm')})", steps, _curves(history, keys))
-          for prefix, keys in _extra_curves(history).items()])
+          for prefix, keys in _extra_curves(history).items()],
+        *([charts.line_chart("curriculum", "Pass-rate curriculum (data.pass_rate.refresh_every): the share of the "
+                                           "pool drawn from, and each refresh's measure of the pool", steps,
+                             _curves(history, CURRICULUM_CURVES))]
+          if any("pass_rate/kept_fraction" in h for h in history) else []))
     timing = section("timing", "Time per step", charts.stacked_area(
         "phases", "Seconds per phase (controller's view)", steps, _phase_times(history, m.extra.get("algorithm"))),
         charts.line_chart("overhead", "Orchestration overhead (share of the step no worker computed)", steps,
