@@ -48,8 +48,8 @@ class Curriculum:
     @classmethod
     def read(cls, dataset_dir: str | Path) -> Curriculum | None:
         """The curriculum a pass-rate selection's dataset asks for; None for any other dataset or no refreshes."""
-        info = json.loads((Path(dataset_dir) / "info.json").read_text())
-        pr = info.get("pass_rate") or {}
+        path = Path(dataset_dir) / "info.json"
+        pr = (json.loads(path.read_text()).get("pass_rate") or {}) if path.is_file() else {}
         if not pr.get("refresh_every"):
             return None
         pool = read_examples(dataset_dir, "pool")
