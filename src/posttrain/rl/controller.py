@@ -122,7 +122,7 @@ class Controller:
         if self.curriculum.due(self.step_count):
             with self._phase(phase_s, "pass_rate"):
                 out, compute_s = self.curriculum.refresh(self.sampler, self.groups["rollout"], self.groups["reward"],
-                                                         self.cfg, version=self.version,
+                                                         self.cfg, step=self.step_count + 1, version=self.version,
                                                          seed=self.rng.randrange(2**31))
         return {**out, "pass_rate/kept_fraction": len(self.sampler.active) / len(self.sampler.rows)}, compute_s
 

@@ -14,7 +14,7 @@ stream (the controller's RNG), so a resumed run refreshes exactly as the uninter
     curriculum = Curriculum.read(dataset_dir)             # None: the selection asked for no refreshes
     examples = curriculum.pool                            # the run's train rows
     sampler.set_active(curriculum.start_rows(sampler))    # the start model's selection
-    metrics, compute_s = curriculum.refresh(sampler, rollout, reward, rl_cfg, version=v, seed=s)  # every N steps
+    metrics, compute_s = curriculum.refresh(sampler, rollout, reward, rl_cfg, step=n, version=v, seed=s)  # every N
 """
 
 from __future__ import annotations
@@ -27,10 +27,7 @@ from typing import Any
 
 from posttrain.config import RLConfig
 from posttrain.data.examples import read_examples
-
-
-class CurriculumRewardError(RuntimeError):
-    """Too many reward calls of a refresh failed: the rates would be mostly zeros."""
+from posttrain.rl.loops.common import check_reward_failures
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,10 +67,10 @@ class Curriculum:
         """Whether the step after `steps_done` finished steps starts with a refresh."""
         return steps_done > 0 and steps_done % self.every == 0
 
-    def refresh(self, sampler, rollout: Any, reward: Any, cfg: RLConfig, *, version: int, seed: int
+    def refresh(self, sampler, rollout: Any, reward: Any, cfg: RLConfig, *, step: int, version: int, seed: int
                 ) -> tuple[dict[str, float], float]:
         """Re-measure every usable pool prompt under the rollout workers' weights (`version`), narrow the sampler
-        to those in the band, and return the refresh's metrics (fractions of the usable pool) and the seconds
+        to those in the band (before `step`; too many failed reward calls stop it as a step's would), and return the refresh's metrics (fractions of the usable pool) and the seconds
         the rollout and reward workers computed."""
         t0 = time.perf_counter()
         ids, k = list(sampler.rows), self.samples_per_prompt
@@ -89,12 +86,7 @@ class Curriculum:
                                    f"is at {version}")
             rewards = reward.score(traj)
             compute_s += traj.compute_s + rewards.compute_s
-            failed = [f for f in rewards.failures if f is not None]
-            if len(failed) > cfg.max_reward_failure_rate * len(rewards.failures):
-                raise CurriculumRewardError(f"curriculum refresh at policy version {version}: {len(failed)} of "
-                                            f"{len(rewards.failures)} reward calls failed (more than "
-                                            f"rl.max_reward_failure_rate = {cfg.max_reward_failure_rate}), e.g. "
-                                            f"{failed[0]}")
+            check_reward_failures(rewards, step=step, max_rate=cfg.max_reward_failure_rate)
             passed = [0] * len(batch.example_ids)
             for g, score, failure in zip(traj.group_index, rewards.scores, rewards.failures):
                 passed[g] += failure is None and score >= 1.0
