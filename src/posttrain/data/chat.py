@@ -23,20 +23,28 @@ def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
     return _encode(tokenizer, _render(tokenizer, messages, add_generation_prompt=True))
 
 
+def encode_conversation(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of the whole conversation as training sees it (no generation prompt): its length is what
+    must fit model.max_seq_len."""
+    return _encode(tokenizer, _render(tokenizer, messages, add_generation_prompt=False))
+
+
 def tokenize_for_training(tokenizer, messages: list[dict], max_len: int) -> tuple[list[int], list[int]] | None:
-    """(input_ids, loss_mask) with loss_mask 1 on assistant tokens only; None if longer than max_len."""
-    ids = _encode(tokenizer, _render(tokenizer, messages, add_generation_prompt=False))
+    """(input_ids, loss_mask) with loss_mask 1 on assistant tokens only; None if longer than max_len (found
+    before the prefixes are rendered: a row the trainer drops costs one encoding)."""
+    ids = encode_conversation(tokenizer, messages)
+    if len(ids) > max_len:
+        return None
     mask = [0] * len(ids)
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         start = len(_encode(tokenizer, _render(tokenizer, messages[:i], add_generation_prompt=True)))
-        end_ids = _encode(tokenizer, _render(tokenizer, messages[: i + 1], add_generation_prompt=False))
+        # the last message's prefix is the whole conversation, already encoded (the usual last assistant turn)
+        end_ids = ids if i + 1 == len(messages) else encode_conversation(tokenizer, messages[: i + 1])
         if ids[: len(end_ids)] != end_ids:
             raise ValueError("the chat template does not render a conversation prefix as a prefix of the whole; "
                              "cannot locate assistant tokens for the loss mask")
         for t in range(start, len(end_ids)):
             mask[t] = 1
-    if len(ids) > max_len:
-        return None
     return ids, mask

@@ -1,8 +1,8 @@
 """Token-length budget of a dataset, measured with the model's own tokenizer and chat template.
 
 `check_budget` renders every example the way training and generation will (`encode_prompt` for prompts,
-`tokenize_for_training` for whole SFT conversations) and refuses - with a ConfigError naming how many rows,
-the longest one and the setting to change - a budget that some rows cannot fit:
+`encode_conversation` for whole SFT conversations: the ids `tokenize_for_training` trains on) and refuses - with a
+ConfigError naming how many rows, the longest one and the setting to change - a budget that some rows cannot fit:
   - RL / eval (sft=False): prompt tokens + max_new_tokens must fit in model.max_seq_len, or the rollout
     could not generate a full-length completion;
   - SFT (sft=True): the whole conversation must fit in model.max_seq_len (the trainer would drop it).
@@ -15,12 +15,11 @@ setting name the caller passes.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.config import ConfigError
-from posttrain.data.chat import encode_prompt, tokenize_for_training
+from posttrain.data.chat import encode_conversation, encode_prompt
 from posttrain.data.examples import is_preference, pair_conversations, prompt_messages, read_examples
 
 
@@ -63,7 +62,7 @@ def check_budget(dataset_dir: str | Path, tokenizer, *, max_seq_len: int, max_ne
             n_conv = n_all = None
             if sft:  # a preference pair: the longer of its two conversations must fit; both go through the model
                 convs = pair_conversations(ex) if is_preference(ex) else [ex["messages"]]
-                lens = [len(tokenize_for_training(tokenizer, c, sys.maxsize)[0]) for c in convs]
+                lens = [len(encode_conversation(tokenizer, c)) for c in convs]
                 n_conv, n_all = max(lens), sum(lens)
             rows.append((split, line, ex, n_prompt, n_conv, n_all))
     if not rows:
