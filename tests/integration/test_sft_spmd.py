@@ -132,6 +132,51 @@ def test_prompt_tokens_contribute_nothing_to_the_loss(small_data):
     assert grads == [0.0, 0.0]
 
 
+ENCODE = r"""
+import json, sys
+from pathlib import Path
+from posttrain.data.chat import tokenize_for_training
+from posttrain.models.io import load_tokenizer
+from posttrain.sft.trainer import encode_train_split
+from posttrain.spmd.dist import init_distributed
+info = init_distributed()
+d, out, broken = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "broken"
+tok = load_tokenizer(d / "tok")
+if broken and info.rank == 1:  # one rank's encoder fails, as a template that renders no prefix would
+    import posttrain.sft.objectives as o
+    def fail(*a, **k):
+        raise ValueError("this rank's template renders no prefix")
+    o.tokenize_for_training = fail
+try:
+    encoded, dropped = encode_train_split(d / "ds", tok, 17, info=info)
+except ValueError:
+    if broken and info.rank == 1:  # the failing rank's own error waits: the others' messages are what is tested
+        import time; time.sleep(20)
+    raise
+(out / f"rank{info.rank}.json").write_text(json.dumps({"encoded": encoded, "dropped": dropped}))
+"""
+
+
+def test_ranks_share_the_encoding_of_the_train_split_in_its_order(tmp_path, small_data):
+    """encode_train_split over 3 ranks: each encodes a third and the group gathers them - every rank holds the
+    list one process encodes alone, in the split's order (1,020 rows: 340 a rank). A rank whose encoder fails
+    stops every rank, the others naming it."""
+    from posttrain.models.io import load_tokenizer
+    from posttrain.sft.trainer import encode_train_split
+
+    alone, dropped = encode_train_split(small_data / "ds", load_tokenizer(small_data / "tok"), 17)
+    assert dropped == 0 and len(alone) == 1020 and len({json.dumps(e) for e in alone}) > 1000
+    script = tmp_path / "encode.py"
+    script.write_text(ENCODE)
+    torchrun(3, script, small_data, tmp_path, "ok")
+    for r in range(3):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got["dropped"] == dropped and got["encoded"] == json.loads(json.dumps(alone)), r
+    p = run_ranks(3, script, small_data, tmp_path / "none", "broken", timeout=120)
+    assert p.returncode != 0
+    assert "failed on rank 1: ValueError: this rank's template renders no prefix" in p.stderr, stderr_excerpt(p.stderr)
+
+
 RUN = r"""
 import sys
 from pathlib import Path
