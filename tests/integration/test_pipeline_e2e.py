@@ -58,15 +58,15 @@ def test_default_recipe_rl_raises_greedy_and_sampled_accuracy_with_lineage_and_w
 
 
 def _assert_prompts_selected_by_pass_rate(home: Path, ids: dict[str, str]) -> None:
-    """The same workflow again with data.pass_rate on (RL 2 steps, its own wandb off): data prep and SFT are
+    """The same workflow again with data.pass_rate on (RL 2 steps of 32 prompts, its own wandb off): data prep and SFT are
     cache hits (the same SFT model); the selection task samples the SFT model, and RL trains on the selected
     dataset, which the RL model names as its parent and which names the SFT model and the dataset. With
-    refresh_every 1 the RL run's own workers re-measure the 256 prompts before step 2 (the curriculum), and the
+    refresh_every 1 the RL run's own workers re-measure the 128 prompts before step 2 (the curriculum), and the
     kept fraction is in the RL model's history: the selection's share at step 1."""
     from posttrain.artifacts import ArtifactStore
 
-    over = {"rl": {"steps": 2}, "tracking": {"wandb": False},
-            "data": {"pass_rate": {"enabled": True, "samples_per_prompt": 4, "max_prompts": 256, "refresh_every": 1}}}
+    over = {"rl": {"steps": 2, "prompts_per_step": 32}, "tracking": {"wandb": False},
+            "data": {"pass_rate": {"enabled": True, "samples_per_prompt": 4, "max_prompts": 128, "refresh_every": 1}}}
     out = subprocess.run([str(Path(sys.executable).parent / "pyflyte"), "run", "workflows/pipeline.py", "pipeline",
                           "--run_id", "e2e-pass-rate", "--overrides", json.dumps(over)],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "POSTTRAIN_HOME": str(home)},
@@ -80,10 +80,10 @@ def _assert_prompts_selected_by_pass_rate(home: Path, ids: dict[str, str]) -> No
     assert sorted(store.manifest(selected).parents) == sorted([ids["sft_model_id"], ids["dataset_id"]])
     assert again["sft_model_id"] == ids["sft_model_id"] and ids["dataset_id"] not in rl_model.parents
     first, second = rl_model.extra["history"]
-    assert first["pass_rate/kept_fraction"] == store.manifest(selected).metrics["num_train"] / 256
+    assert first["pass_rate/kept_fraction"] == store.manifest(selected).metrics["num_train"] / 128
     assert "pass_rate/in_band_fraction" not in first and second["time/pass_rate_s"] > 0
     assert second["pass_rate/kept_fraction"] in (second["pass_rate/in_band_fraction"], first["pass_rate/kept_fraction"])
-    assert re.search(r"curriculum refresh at policy version 1: \d+ of 256 prompts in the band", out.stdout), \
+    assert re.search(r"curriculum refresh at policy version 1: \d+ of 128 prompts in the band", out.stdout), \
         out.stdout[-3000:]
 
 
