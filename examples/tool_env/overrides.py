@@ -27,7 +27,7 @@ What each setting does (docs/agents.md has the conventions, docs/settings.md eve
   environment, enough to see the loop on this task; raise it for a task where RL has something to teach.
 tiny_calculator's other settings stay: the embedded 0.6M-parameter model built from scratch with a tokenizer that
 merges across words (the tools block every episode opens with becomes a few tokens), its episode limits
-(3 turns, 16 new tokens a turn, 64 an episode) and its other RL settings. tests/integration/test_agent_pipeline_e2e.py
+(3 turns, 16 new tokens a turn, 64 an episode) and its other RL settings. tests/integration/test_tool_env_example_e2e.py
 runs this example at tiny size (fewer SFT steps, 2 RL steps) in `make test`.
 """
 
