@@ -289,10 +289,11 @@ def encode_train_split(dataset_dir, tokenizer, max_len: int, objective=None,
         mine = [objective.encode(ex, tokenizer, max_len) for ex in rows[rank::world]]
     except Exception as e:  # noqa: BLE001 - re-raised below, after the others know
         mine, error = [], e
-    parts = [(None if error is None else f"{type(error).__name__}: {error}", mine)]
+    note = None if error is None else f"{type(error).__name__}: {error}"
+    parts = [(note, mine)]
     if world > 1:
         parts = [None] * world
-        dist.all_gather_object(parts, (None if error is None else f"{type(error).__name__}: {error}", mine))
+        dist.all_gather_object(parts, (note, mine))
     if error is not None:
         raise error
     failed = [(r, msg) for r, (msg, _) in enumerate(parts) if msg is not None]
