@@ -16,6 +16,14 @@ export HF_HUB_OFFLINE := 1
 # what the suite uses then compiles it once (~14 CPU-s for torch, transformers, ray and flytekit).
 export PYTHONDONTWRITEBYTECODE :=
 PIP    := -m pip install -q --no-compile
+# `make test` installs the four environments its stages use at once (`make -j4`) and builds the docs site beside
+# them: fresh clones of 716fa46 with a warm pip cache, `make install install-docs install-vllm install-openenv`
+# took 170 s one after another and 85 s at once (pip is one core's unzip and write each). setuptools writes
+# src/posttrain.egg-info while it installs the package in editable mode, so those steps take turns through flock
+# (util-linux); where flock is missing the installs run one after another.
+FLOCK        := $(shell command -v flock)
+EDITABLE     := $(if $(FLOCK),$(FLOCK) $(CURDIR)/.editable-install.lock ,)
+INSTALL_JOBS := $(if $(FLOCK),-j4 -O,)
 
 .PHONY: install run test lint bench clean real-model install-vllm run-vllm test-vllm lock-vllm install-openenv \
 	test-openenv lock-openenv install-docs docs lock-docs
@@ -28,7 +36,7 @@ $(STAMP):
 	# torch first, with the exact pin: it takes the local CPU wheel instead of a multi-GB CUDA build.
 	$(BIN)/python $(PIP) torch==2.13.0
 	$(BIN)/python $(PIP) -r requirements.lock
-	$(BIN)/python $(PIP) --no-deps -e .
+	$(EDITABLE)$(BIN)/python $(PIP) --no-deps -e .
 	$(BIN)/python -m pip check
 	# Compile what every stage imports once here, not in each of the first processes that start at once.
 	$(BIN)/python -c "import ray, flytekit, posttrain.stages, posttrain.rl.run, posttrain.rl.roles.policy"
@@ -38,15 +46,16 @@ $(STAMP):
 run: install
 	$(BIN)/pyflyte run workflows/pipeline.py pipeline
 
-test: install
+test:
 	# The Deck browser test (tests/integration/test_decks_browser.py) drives Debian's chromium; it skips without it.
 	command -v chromium >/dev/null || (command -v apt-get >/dev/null && apt-get install -y -q chromium) \
 	  || echo "chromium not installed: the browser test will skip"
 	# The python tool's stronger sandbox (tests/unit/test_python_tool.py tests it and the `unshare -n` fallback).
 	command -v bwrap >/dev/null || (command -v apt-get >/dev/null && apt-get install -y -q bubblewrap) \
 	  || echo "bubblewrap not installed: the python tool's tests use unshare -n only"
-	# The documentation site, built with warnings as errors and checked in chromium (~20 s with its install).
-	$(MAKE) docs
+	# The environments of every stage at once (INSTALL_JOBS), and the documentation site - built with warnings as
+	# errors and checked in chromium - as soon as its own two are in.
+	$(MAKE) $(INSTALL_JOBS) install install-vllm install-openenv docs
 	# Each stage runs on two xdist workers (one per core), each process with one torch thread: two threads per
 	# process on two busy cores spin in OpenMP's barriers (the shared fixture's SFT: 0.7 steps/s against 2.6).
 	# Stage 1 forks its SPMD ranks from a warm forkserver (tests/ranks.py) and builds the shared fixture at nice -10.
@@ -62,10 +71,10 @@ test: install
 	# PyTorchJob rehearsal (SFT pods, no Ray).
 	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "e2e or (cluster and not ray)" -q -ra --durations=8; \
 	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
-	# The vLLM engine's tests run in the optional extra's own environment (installed here: ~2-4 min; installing it
-	# in the background beside stage 1 was measured to slow stage 1 by as much: 17:20 -> 20:42).
+	# The vLLM engine's tests run in the optional extra's own environment (installed at the start, before any test:
+	# installing it in the background beside stage 1 was measured to slow stage 1 by as much: 17:20 -> 20:42).
 	$(MAKE) test-vllm
-	# The OpenEnv adapter's tests, in the optional extra's own environment (~1.5 min to install).
+	# The OpenEnv adapter's tests, in the optional extra's own environment (installed at the start too).
 	$(MAKE) test-openenv
 
 # The documentation site (docs/conf.py): Sphinx + MyST Markdown + Furo in their own environment .venv-docs, the exact
@@ -130,7 +139,7 @@ $(VLLM_STAMP):
 	$(VLLM_BIN)/python $(PIP) torch==2.13.0
 	$(VLLM_BIN)/python $(PIP) --no-deps -r requirements-vllm.lock
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_BIN)/python $(PIP) --no-deps -e .
+	$(EDITABLE)$(VLLM_BIN)/python $(PIP) --no-deps -e .
 	@bad=$$($(VLLM_BIN)/python -m pip check | grep -Ev '$(VLLM_CHECK_OK)'); \
 	  if [ -n "$$bad" ]; then echo "pip check: $$bad"; exit 1; fi
 	@rm -f $(VLLM_VENV)/.installed-*
@@ -184,7 +193,7 @@ $(OE_STAMP):
 	# torch first, with the exact pin: the local CPU wheel (any other spec downloads GBs of CUDA).
 	$(OE_BIN)/python $(PIP) torch==2.13.0
 	$(OE_BIN)/python $(PIP) --no-deps -r requirements-openenv.lock
-	$(OE_BIN)/python $(PIP) --no-deps -e .
+	$(EDITABLE)$(OE_BIN)/python $(PIP) --no-deps -e .
 	$(OE_BIN)/python -m pip check
 	# Compile what the tests import once here (openenv-core's server stack: fastapi, gradio, fastmcp).
 	$(OE_BIN)/python -c "import openenv.core.env_server.mcp_environment, fastmcp, posttrain.envs.process, posttrain.rl.roles.rollout"
