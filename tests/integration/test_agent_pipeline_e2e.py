@@ -18,16 +18,17 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
-WALL_S = 620
+WALL_S = 561
 """Measured wall time, idle (conftest runs the longest modules first)."""
 RUN_TIMEOUT_S = 2700
 """The first agent_pipeline run's limit, for a hang, not a speed: alone and idle it takes ~500 s, but make test runs
 it beside the other worker's e2e files, whose Ray workers and ranks share the 2 cores - 1,287 s on 2026-12-01
 (clean clone of 39611b3), and past the earlier 1,500 s on 2026-12-02 (a machine ~1.5x slower that day)."""
 
-RL_STEPS = 30
+RL_STEPS = 20
 """The recipe's 100 are bench/default_seeds.py's (docs/agents.md's table, over seeds). Seed 0 on the default: RL's
-training accuracy 0.75 at step 1, 0.96 by step 33, held-out greedy 0.520 -> 1.000 after 100 steps."""
+training accuracy 0.75 at step 1, 0.96 by step 33, held-out greedy 0.520 -> 1.000 after 100 steps; after 20 steps
+here, 0.520 -> 1.000 greedy and 0.653 -> 0.902 sampled (2026-12-05, alone: 561 s, 600 with 30 steps)."""
 SFT = {"steps": 1000, "save_every": 250}
 """A third of the recipe's 3,000 (bench/default_seeds.py's table runs those): the SFT model at 1,000 steps sits on the
 same plateau (seeds 0-2: greedy 0.520, 0.560, 0.374), which is what this test needs; every run here shares it."""
@@ -48,7 +49,7 @@ def _run(home: Path, overrides: dict | None = None, run_id: str = "agent") -> su
 def test_agent_pipeline_teaches_the_tiny_model_to_call_its_tool_with_lineage_and_cache(tmp_path):
     """SFT imitates a teacher who answers 60% of the problems whose first factor starts with 5-9 in its head
     (wrong): greedy in the environment on its plateau (0.520 on seed 0 here; the documented band 0.30-0.75).
-    RL in the environment must raise held-out greedy accuracy by at least 0.15 (30 steps: the policy calls the
+    RL in the environment must raise held-out greedy accuracy by at least 0.15 (20 steps: the policy calls the
     tool on most of those problems) and the RL model's episodes must call the tool more often than SFT's."""
     from posttrain.artifacts import ArtifactStore
     from posttrain.eval import EvalReport

@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
-WALL_S = 264
+WALL_S = 118
 """Measured wall time, idle (conftest runs the longest modules first)."""
 
 ROOT = Path(__file__).resolve().parents[2]
-NIGHT = {"data": {"num_examples": 4000, "eval_size": 100}, "sft": {"steps": 800, "save_every": 0},
+NIGHT = {"data": {"num_examples": 4000, "eval_size": 100}, "sft": {"steps": 600, "save_every": 0},
          "eval": {"num_problems": 100, "k": 0},
          "rl": {"steps": 2, "prompts_per_step": 8, "samples_per_prompt": 4, "checkpoint_every": 1}}
 
 
-# Night 1 trains past the rise in accuracy (recipes.tiny_cpu: 400 steps ~0.2 greedy, 1,000 ~0.7), far above the
-# bar of 0.1; night 2's 10 steps stay near 0 - the refusal does not hang on float rounding.
+# Night 1 trains into the rise in accuracy (recipes.tiny_cpu: 400 steps ~0.2 greedy, 1,000 ~0.7), above the bar of
+# 0.1; night 2's 10 steps stay near 0 - the refusal does not hang on float rounding.
 
 
 def _retrain(home: Path, overrides: dict, *extra: str) -> subprocess.CompletedProcess:
